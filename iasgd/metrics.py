@@ -1,0 +1,83 @@
+"""What a run reports, and writing it to disk without ever leaving half a file."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def mean_step_loss(step_losses: np.ndarray, batch_size: int, samples: int) -> float:
+    """Sample-weighted mean of batch-mean losses (the last batch may be short).
+
+    step_losses: (S,) batch means of S consecutive steps covering `samples`
+    samples, all batches of `batch_size` but possibly the last.
+    """
+    steps = step_losses.size
+    if steps == 0:
+        return float("nan")
+    weights = np.full(steps, float(batch_size))
+    weights[-1] = samples - batch_size * (steps - 1)
+    return float(np.dot(step_losses, weights) / samples)
+
+
+def accuracy(predictions: np.ndarray, labels: np.ndarray) -> float:
+    """Fraction of predictions equal to labels, in [0, 1]."""
+    return float(np.mean(predictions == labels)) if labels.size else float("nan")
+
+
+def machine_info() -> dict[str, Any]:
+    """Where a result was measured."""
+    import numba
+
+    return {
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "numba": numba.__version__,
+    }
+
+
+def results_document(config: dict[str, Any], result: Any, num_params: int) -> dict[str, Any]:
+    """The results JSON of a run: configuration, status, per-epoch records and
+    run-wide throughput."""
+    epochs = [asdict(e) for e in result.epochs]
+    accuracies = [e["test_accuracy"] for e in epochs]
+    return {
+        "config": config,
+        "status": result.status,
+        "num_params": num_params,
+        "epochs": epochs,
+        "train_time_s": result.train_time_s,
+        "eval_time_s": result.eval_time_s,
+        "samples": result.samples,
+        "samples_per_s": result.samples / result.train_time_s if result.train_time_s > 0 else 0.0,
+        "final_test_accuracy": accuracies[-1] if accuracies else None,
+        "best_test_accuracy": max(accuracies) if accuracies else None,
+        "machine": machine_info(),
+    }
+
+
+def write_json_atomic(path: str | Path, document: dict[str, Any]) -> None:
+    """Write JSON to a temporary file beside `path`, then rename it into place,
+    so a reader never sees half a file and an old file survives a crash."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(document, f, indent=2, allow_nan=True)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

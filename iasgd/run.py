@@ -1,0 +1,221 @@
+"""Command line: `python -m iasgd.run [options]` trains one model and writes
+its results JSON. `--help` lists every option with its default.
+
+Bad input is one line on stderr and exit code 2, before any work is done.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import NoReturn
+
+from iasgd import data as datasets
+from iasgd import engine, metrics, models
+
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """Invalid input; the message is one line that says what to do."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, not usage + message
+        raise UsageError(message)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
+def _finite_float(text: str, *, low: float, strict: bool) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value) or value < low or (strict and value == low):
+        bound = f"> {low:g}" if strict else f">= {low:g}"
+        raise argparse.ArgumentTypeError(f"must be a finite number {bound}, got {text}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    return _finite_float(text, low=0.0, strict=True)
+
+
+def _momentum(text: str) -> float:
+    value = _finite_float(text, low=0.0, strict=False)
+    if value >= 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text}")
+    return value
+
+
+def _widths(text: str) -> tuple[int, ...]:
+    try:
+        widths = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated positive integers like 128,128,128, got {text!r}") from None
+    if not widths or min(widths) < 1:
+        raise argparse.ArgumentTypeError(f"widths must be positive, got {text!r}")
+    return widths
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="python -m iasgd.run",
+        description="Train a small CNN or MLP with parallel SGD on this machine's cores.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    g = p.add_argument_group("model and data")
+    g.add_argument("--dataset", choices=datasets.DATASETS, default="cifar10",
+                   help="training data; synthetic needs no files")
+    g.add_argument("--model", choices=models.MODELS, default="lenet",
+                   help="lenet: LeNet-5 as in the paper; mlp: dense layers with ReLU")
+    g.add_argument("--hidden", type=_widths, default=None,
+                   help="hidden widths of the mlp, comma-separated (default 128,128,128)")
+    g.add_argument("--data-dir", default=None,
+                   help="where archives and caches live (default $IASGD_DATA, else ./data)")
+    g.add_argument("--archive", default=None,
+                   help="dataset archive under another name or path (for Fashion-MNIST: "
+                        "the directory of its four .gz files)")
+    g = p.add_argument_group("training")
+    g.add_argument("--algo", choices=engine.ALGOS, default="sequential",
+                   help="training algorithm")
+    g.add_argument("--batch-size", type=_positive_int, default=16, help="mini-batch size b")
+    g.add_argument("--lr", type=_positive_float, default=0.005, help="step size eta")
+    g.add_argument("--momentum", type=_momentum, default=0.5,
+                   help="heavy-ball momentum in [0, 1)")
+    g.add_argument("--epochs", type=_positive_int, default=3,
+                   help="epochs of ceil(N_train / b) applied updates")
+    g.add_argument("--time-budget", type=_positive_float, default=None, metavar="SECONDS",
+                   help="stop after this much training time (evaluation excluded)")
+    g.add_argument("--seed", type=_int, default=0, help="seed of initialisation and shuffling")
+    g = p.add_argument_group("output")
+    g.add_argument("--out", default="results.json",
+                   help="results JSON (config, status, per-epoch records), written atomically")
+    g.add_argument("--quiet", action="store_true", help="print only errors")
+    return p
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Parse and cross-check the options; raise UsageError on bad input."""
+    args = build_parser().parse_args(argv)
+    if args.hidden is not None and args.model != "mlp":
+        raise UsageError("--hidden applies to --model mlp only")
+    if args.seed < 0:
+        raise UsageError(f"--seed must be >= 0, got {args.seed}")
+    out_dir = Path(args.out).resolve().parent
+    if not out_dir.is_dir():
+        raise UsageError(f"--out {args.out}: directory {out_dir} does not exist; create it first")
+    if not os.access(out_dir, os.W_OK):
+        raise UsageError(f"--out {args.out}: directory {out_dir} is not writable")
+    if Path(args.out).is_dir():
+        raise UsageError(f"--out {args.out} is a directory; give a file name")
+    if args.archive is not None and not Path(args.archive).exists():
+        raise UsageError(f"--archive {args.archive}: no such file or directory")
+    return args
+
+
+def run_config(args: argparse.Namespace) -> dict:
+    """The full configuration as written to the results file."""
+    cfg = vars(args).copy()
+    if cfg["hidden"] is None and args.model == "mlp":
+        cfg["hidden"] = list(models.DEFAULT_HIDDEN)
+    elif cfg["hidden"] is not None:
+        cfg["hidden"] = list(cfg["hidden"])
+    return cfg
+
+
+def train_config(args: argparse.Namespace) -> engine.TrainConfig:
+    return engine.TrainConfig(batch_size=args.batch_size, lr=args.lr, momentum=args.momentum,
+                              epochs=args.epochs, time_budget=args.time_budget,
+                              seed=args.seed, algo=args.algo)
+
+
+class Display:
+    """Live progress bar within an epoch, one line per epoch, a summary."""
+
+    def __init__(self, quiet: bool, epochs: int):
+        self.quiet = quiet
+        self.epochs = epochs
+        self.bar = None
+
+    def say(self, line: str) -> None:
+        if not self.quiet:
+            print(line, flush=True)
+
+    def epoch_start(self, epoch: int, num_samples: int) -> None:
+        if self.quiet:
+            return
+        from tqdm import tqdm  # progress bars are a solved problem; tqdm solves it
+
+        self.bar = tqdm(total=num_samples, desc=f"epoch {epoch}/{self.epochs}", unit="sample",
+                        unit_scale=True, leave=False, file=sys.stderr, dynamic_ncols=True,
+                        disable=None)  # None: no bar when stderr is not a terminal
+        self._done = 0
+
+    def progress(self, samples_done: int) -> None:
+        if self.bar is not None:
+            self.bar.update(samples_done - self._done)
+            self._done = samples_done
+
+    def epoch_end(self, r: engine.EpochRecord) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+        cut = "" if r.complete else "  (cut short by --time-budget)"
+        self.say(f"epoch {r.epoch:3d}  train loss {r.train_loss:.4f}  test acc "
+                 f"{100 * r.test_accuracy:6.2f}%  elapsed {r.wall_s:7.1f}s  "
+                 f"{r.samples_per_s:,.0f} samples/s{cut}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = parse_args(argv)
+        model = models.build(args.model, args.dataset, hidden=args.hidden)
+        display = Display(args.quiet, args.epochs)
+        t0 = time.perf_counter()
+        data = datasets.load(args.dataset, args.data_dir, args.archive, progress=not args.quiet)
+    except (UsageError, datasets.DataError, ValueError) as e:
+        print(f"iasgd: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    if data.input_shape != model.input_shape:
+        print(f"iasgd: error: {args.dataset} images are {data.input_shape}, the model expects "
+              f"{model.input_shape}", file=sys.stderr)
+        return EXIT_USAGE
+    display.say(f"{args.model} ({model.num_params:,} parameters) on {args.dataset} "
+                f"({data.x_train.shape[0]:,} train / {data.x_test.shape[0]:,} test, loaded in "
+                f"{time.perf_counter() - t0:.1f}s); {args.algo}, b={args.batch_size}, "
+                f"lr={args.lr:g}, momentum={args.momentum:g}")
+    hooks = engine.Hooks(display.epoch_start, display.progress, display.epoch_end)
+    result = engine.train(model, data, train_config(args), hooks)
+    document = metrics.results_document(run_config(args), result, model.num_params)
+    metrics.write_json_atomic(args.out, document)
+    acc = document["final_test_accuracy"]
+    display.say(f"{result.status}: {len(result.epochs)} epochs in {result.train_time_s:.1f}s "
+                f"training ({document['samples_per_s']:,.0f} samples/s), final test accuracy "
+                f"{100 * acc:.2f}%, results in {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

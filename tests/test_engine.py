@@ -1,0 +1,98 @@
+"""The sequential trainer: it learns, it is bit-reproducible, it honours the
+time budget; and (slow) LeNet-5 on real CIFAR-10 data."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from iasgd import data as datasets
+from iasgd import engine, metrics, models
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+SHARED_CIFAR10 = SHARED_DATA / "cifar-10-jpeg-python.tar.gz"
+
+
+@pytest.fixture(scope="module")
+def synthetic():
+    return datasets.synthetic(seed=0, n_train=2000, n_test=500)
+
+
+def test_sequential_lenet_learns_synthetic_data(synthetic):
+    model = models.build("lenet", "synthetic")
+    result = engine.train(model, synthetic, engine.TrainConfig(epochs=3, lr=0.02, seed=1))
+    assert result.status == "completed"
+    assert [e.epoch for e in result.epochs] == [1, 2, 3]
+    assert result.epochs[-1].test_accuracy >= 0.98
+    assert result.epochs[-1].train_loss < result.epochs[0].train_loss
+    assert result.samples == 3 * 2000
+
+
+def test_sequential_mlp_learns_synthetic_data(synthetic):
+    model = models.build("mlp", "synthetic", hidden=(64, 32))
+    cfg = engine.TrainConfig(epochs=3, lr=0.02, momentum=0.5, seed=2)
+    result = engine.train(model, synthetic, cfg)
+    assert result.epochs[-1].test_accuracy >= 0.98
+
+
+def test_sequential_is_bit_reproducible_per_seed(synthetic):
+    model = models.build("lenet", "synthetic")
+    cfg = engine.TrainConfig(epochs=1, batch_size=7, seed=5)  # 2000 % 7 != 0: a short last batch
+    a = engine.train(model, synthetic, cfg)
+    b = engine.train(model, synthetic, cfg)
+    c = engine.train(model, synthetic, dataclasses.replace(cfg, seed=6))
+    assert a.params.tobytes() == b.params.tobytes()
+    assert a.epochs[0].train_loss == b.epochs[0].train_loss
+    assert not np.array_equal(a.params, c.params)
+
+
+def test_time_budget_stops_mid_epoch():
+    data = datasets.synthetic(seed=0, n_train=20000, n_test=100)
+    model = models.build("lenet", "synthetic")
+    result = engine.train(model, data, engine.TrainConfig(epochs=50, time_budget=0.3))
+    assert result.status == "time_budget"
+    assert len(result.epochs) < 50
+    assert result.train_time_s < 5
+    assert not result.epochs[-1].complete or len(result.epochs) > 1
+
+
+def test_hooks_see_every_epoch_and_progress(synthetic):
+    seen: list = []
+    hooks = engine.Hooks(on_epoch_start=lambda e, n: seen.append(("start", e, n)),
+                         on_progress=lambda done: seen.append(("progress", done)),
+                         on_epoch_end=lambda r: seen.append(("end", r.epoch)))
+    engine.train(models.build("lenet", "synthetic"), synthetic,
+                 engine.TrainConfig(epochs=2), hooks)
+    starts = [i for i, s in enumerate(seen) if s[0] == "start"]
+    ends = [i for i, s in enumerate(seen) if s[0] == "end"]
+    assert [seen[i] for i in starts] == [("start", 1, 2000), ("start", 2, 2000)]
+    assert [seen[i] for i in ends] == [("end", 1), ("end", 2)]
+    for first, last in zip(starts, ends, strict=True):
+        done = [s[1] for s in seen[first + 1:last]]
+        assert done and done == sorted(done) and done[-1] == 2000
+
+
+def test_mean_step_loss_weights_the_short_last_batch():
+    # batches of 4, 4 and 2 samples
+    assert metrics.mean_step_loss(np.array([1.0, 2.0, 4.0]), 4, 10) == pytest.approx(
+        (4 + 8 + 8) / 10)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SHARED_CIFAR10.exists(),
+                    reason=f"shared CIFAR-10 archive not found at {SHARED_CIFAR10}")
+def test_lenet_on_5000_cifar10_images_beats_25_percent(tmp_path_factory):
+    cache = Path(os.environ.get("IASGD_TEST_CACHE", tmp_path_factory.mktemp("data")))
+    full = datasets.load("cifar10", cache, SHARED_CIFAR10, progress=False)
+    subset = datasets.Dataset("cifar10", full.x_train[:5000].copy(), full.y_train[:5000].copy(),
+                              full.x_test, full.y_test, full.num_classes)
+    model = models.build("lenet", "cifar10")
+    # 625 steps is few for the paper's lr 0.005 (12-17 % after them); this
+    # setting gave 29-34 % over seeds 0-3.
+    cfg = engine.TrainConfig(epochs=1, batch_size=8, lr=0.01, momentum=0.9)
+    result = engine.train(model, subset, cfg)
+    assert result.epochs[0].test_accuracy > 0.25
