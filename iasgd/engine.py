@@ -1,30 +1,42 @@
 """Training loops: they orchestrate the compiled kernels and never do tensor
 arithmetic themselves.
 
-`sequential`: one thread, mini-batch SGD with momentum, the training set
-reshuffled every epoch. Seeded and bit-reproducible: the same seed gives the
-same parameters and losses.
+- `sequential`: one thread, mini-batch SGD with momentum, the training set
+  reshuffled every epoch. Seeded and bit-reproducible.
+- `sync`, `async`, `hogwild`, `interval`: `threads` Python threads, each making
+  one call per epoch into a compiled worker loop (iasgd.workers) that runs with
+  the GIL released on one shared parameter array. Workers draw their batches
+  uniformly with replacement from their own random stream (seed, worker id,
+  epoch). Between epochs the workers return, the main thread evaluates, and
+  the next epoch's tickets are handed out (iasgd.gate), so every epoch holds
+  exactly ceil(N_train / b) applied gradients.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from iasgd import gate as G
 from iasgd import kernels as K
 from iasgd import metrics
+from iasgd import workers as W
 from iasgd.data import Dataset
 from iasgd.models import Model
 
-ALGOS = ("sequential",)
+ALGOS = ("sequential", "sync", "async", "hogwild", "interval")
+_ALGO_CODES = {"async": W.ASYNC, "hogwild": W.HOGWILD, "interval": W.INTERVAL}
 
 # A chunk of steps is one compiled call; between chunks Python updates the
 # progress display and checks the time budget.
 CHUNK_SECONDS = 0.1
+MONITOR_SECONDS = 0.1  # how often the main thread looks at running workers
+HIST_BINS = 1024  # staleness histogram bins; the last one counts every larger tau
 
 
 @dataclass(frozen=True)
@@ -38,6 +50,30 @@ class TrainConfig:
     time_budget: float | None = None  # seconds of training, evaluation excluded
     seed: int = 0
     algo: str = "sequential"
+    threads: int = 1
+    interval: int = 16  # y, for algo interval
+    gate: str = "wait"  # interval policy: drop or wait
+
+    def check(self) -> None:
+        """Raise ValueError on a value no run can use."""
+        if self.algo not in ALGOS:
+            raise ValueError(f"unknown algo {self.algo!r}; choose from {', '.join(ALGOS)}")
+        if self.gate not in G.POLICIES:
+            raise ValueError(f"unknown gate {self.gate!r}; choose from {', '.join(G.POLICIES)}")
+        for name in ("batch_size", "epochs", "threads", "interval"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.algo == "sequential" and self.threads != 1:
+            raise ValueError("sequential runs one thread; use --threads 1 or another --algo")
+
+    @property
+    def staleness_bound(self) -> int | None:
+        """The hard bound on tau the algorithm guarantees (None: unbounded)."""
+        if self.algo in ("sequential", "sync"):
+            return 0
+        if self.algo == "interval":
+            return self.interval - 1
+        return None
 
 
 @dataclass
@@ -46,8 +82,9 @@ class EpochRecord:
     train_loss: float
     test_accuracy: float
     wall_s: float  # training time since the start, evaluation excluded
-    samples_per_s: float
+    samples_per_s: float  # applied samples per second of this epoch
     complete: bool = True  # False for an epoch cut short by the time budget
+    staleness_hist: list[int] = field(default_factory=list)  # [k]: updates with tau = k
 
 
 @dataclass
@@ -56,8 +93,26 @@ class RunResult:
     epochs: list[EpochRecord] = field(default_factory=list)
     params: np.ndarray | None = None
     train_time_s: float = 0.0
-    samples: int = 0
+    samples: int = 0  # applied samples
     eval_time_s: float = 0.0
+    computed: int = 0  # gradients computed
+    applied: int = 0  # gradients applied (sync: its n per averaged update)
+    dropped: int = 0  # thrown away by the drop gate
+    staleness_hist: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64))
+    staleness_max: int = 0
+    staleness_bound: int | None = 0
+    gate_wait_s: float = 0.0  # summed over workers
+    gil_fraction: float = 0.0  # of the workers' wall time spent in Python
+    max_concurrent_steps: int = 1  # most workers seen inside the compiled step at once
+
+
+@dataclass
+class Live:
+    """What the progress display shows while an epoch runs."""
+
+    updates_per_s: float = 0.0
+    y: int | None = None
+    mean_tau: float = 0.0
 
 
 @dataclass
@@ -65,13 +120,17 @@ class Hooks:
     """Callbacks for the display; all optional."""
 
     on_epoch_start: Callable[[int, int], None] = lambda epoch, num_samples: None
-    on_progress: Callable[[int], None] = lambda samples_done: None
+    on_progress: Callable[[int, Live], None] = lambda samples_done, live: None
     on_epoch_end: Callable[[EpochRecord], None] = lambda record: None
 
 
 def shuffle_streams(seed: int) -> np.random.Generator:
     """The shuffling stream of a run, independent of the init stream."""
     return np.random.default_rng(np.random.SeedSequence([seed, 1]))
+
+
+def steps_per_epoch(n_train: int, batch_size: int) -> int:
+    return math.ceil(n_train / batch_size)
 
 
 def train_sequential(model: Model, data: Dataset, cfg: TrainConfig,
@@ -85,8 +144,8 @@ def train_sequential(model: Model, data: Dataset, cfg: TrainConfig,
     labels = data.y_train
     transform = model.image_transform
     n_train = images.shape[0]
-    steps_per_epoch = math.ceil(n_train / cfg.batch_size)
-    losses = np.zeros(steps_per_epoch, np.float64)
+    steps = steps_per_epoch(n_train, cfg.batch_size)
+    losses = np.zeros(steps, np.float64)
     rng = shuffle_streams(cfg.seed)
     result = RunResult(status="completed", params=params)
     chunk = 16  # grows to about CHUNK_SECONDS of work after the first call
@@ -100,8 +159,8 @@ def train_sequential(model: Model, data: Dataset, cfg: TrainConfig,
         order = rng.permutation(n_train).astype(np.int64)
         hooks.on_epoch_start(epoch, n_train)
         epoch_time, step = 0.0, 0
-        while step < steps_per_epoch:
-            count = min(chunk, steps_per_epoch - step)
+        while step < steps:
+            count = min(chunk, steps - step)
             t0 = time.perf_counter()
             K.train_steps(params, velocity, ws.grad, ws.plan.conv, ws.plan.dense,
                           ws.acts, ws.dacts, ws.argmax, ws.labels, images, *transform, labels,
@@ -110,19 +169,23 @@ def train_sequential(model: Model, data: Dataset, cfg: TrainConfig,
             epoch_time += dt
             step += count
             chunk = max(1, int(count * CHUNK_SECONDS / max(dt, 1e-9)))
-            hooks.on_progress(min(step * cfg.batch_size, n_train))
+            hooks.on_progress(min(step * cfg.batch_size, n_train), Live(y=1))
             if _over_budget(cfg, result.train_time_s + epoch_time):
                 break
         samples = min(step * cfg.batch_size, n_train)
         result.train_time_s += epoch_time
         result.samples += samples
+        result.computed += step
+        result.applied += step
+        result.staleness_hist[0] += step
         record = EpochRecord(
             epoch=epoch,
             train_loss=metrics.mean_step_loss(losses[:step], cfg.batch_size, samples),
             test_accuracy=_test_accuracy(model, params, data, result),
             wall_s=result.train_time_s,
             samples_per_s=samples / max(epoch_time, 1e-9),
-            complete=step == steps_per_epoch,
+            complete=step == steps,
+            staleness_hist=[step],
         )
         result.epochs.append(record)
         hooks.on_epoch_end(record)
@@ -143,8 +206,160 @@ def _test_accuracy(model: Model, params: np.ndarray, data: Dataset, result: RunR
     return metrics.accuracy(predictions, data.y_test)
 
 
+class _Team:
+    """The worker threads of one parallel run and everything they own."""
+
+    def __init__(self, model: Model, data: Dataset, cfg: TrainConfig, params: np.ndarray):
+        n, b, P = cfg.threads, cfg.batch_size, model.num_params
+        self.model, self.cfg = model, cfg
+        self.params = params
+        self.velocity = np.zeros_like(params)
+        self.state = G.new_state(cfg.interval if cfg.algo == "interval" else G.UNBOUNDED)
+        self.probe = np.zeros(8, np.int64)
+        self.images = data.x_train.reshape(data.x_train.shape[0], -1)
+        self.labels = data.y_train
+        self.transform = model.image_transform
+        self.ws = [model.workspace(b) for _ in range(n)]
+        self.idx = np.zeros((n, b), np.int64)
+        # async reads a consistent snapshot into a private copy; sync averages
+        # the rows of one (n, P) gradient array
+        self.local = np.zeros((n, P if cfg.algo == "async" else 1), np.float32)
+        self.grads = np.zeros((n, P if cfg.algo == "sync" else 1), np.float32)
+        self.senses = np.zeros((n, 1), np.int64)
+        self.lr_factors = np.ones(HIST_BINS, np.float32)  # room for staleness-adaptive eta
+        self.counters = np.zeros((n, W.COUNTER_COLUMNS), np.int64)
+        self.hist = np.zeros((n, cfg.epochs, HIST_BINS), np.int64)
+        self.losses = np.zeros((n, cfg.epochs), np.float64)
+        self.python_s = np.zeros(n)
+        self.alive_s = np.zeros(n)
+        self.errors: list[tuple[int, BaseException]] = []
+
+    def warm_up(self) -> None:
+        """Load (or compile) the worker loop before the clock starts: a call
+        with no tickets returns at once."""
+        W.seed_stream(0)
+        self._call_loop(0, 0, 0)
+        self.counters[:] = 0
+
+    def run_epoch(self, epoch: int, quota: int, on_tick: Callable[[], bool]) -> None:
+        """Run all workers until `quota` more gradients are applied (or a stop).
+        on_tick is called every MONITOR_SECONDS and returns True to stop."""
+        self.state[G.LIMIT] += quota  # no worker runs: plain writes are safe
+        threads = [threading.Thread(target=self._worker_main, args=(wid, epoch, quota),
+                                    name=f"iasgd-worker-{wid}", daemon=True)
+                   for wid in range(self.cfg.threads)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            while t.is_alive():
+                t.join(MONITOR_SECONDS)
+                if t.is_alive() and on_tick():
+                    G.request_stop(self.state)
+        if self.errors:
+            wid, err = self.errors[0]
+            raise RuntimeError(f"worker {wid} failed: {type(err).__name__}: {err}") from err
+
+    def _worker_main(self, wid: int, epoch: int, quota: int) -> None:
+        t0 = time.perf_counter()
+        inside0 = self.counters[wid, W.STEPS_NS]
+        try:
+            seq = np.random.SeedSequence([self.cfg.seed, 2, wid, epoch])
+            W.seed_stream(int(seq.generate_state(1)[0]))
+            self._call_loop(wid, epoch, quota)
+        except BaseException as err:  # stop everyone, hand the error to the caller
+            self.errors.append((wid, err))
+            G.request_stop(self.state)
+        finally:
+            alive = time.perf_counter() - t0
+            inside = (self.counters[wid, W.STEPS_NS] - inside0) / 1e9
+            self.alive_s[wid] += alive
+            self.python_s[wid] += max(alive - inside, 0.0)
+
+    def _call_loop(self, wid: int, epoch: int, quota: int) -> None:
+        cfg, ws = self.cfg, self.ws[wid]
+        common = (ws.acts, ws.dacts, ws.argmax, ws.labels, self.idx[wid], ws.plan.conv,
+                  ws.plan.dense, self.images, *self.transform, self.labels)
+        if cfg.algo == "sync":
+            W.sync_worker(wid, cfg.threads, quota, self.state, self.probe, self.params,
+                          self.velocity, self.grads, *common, cfg.lr, cfg.momentum,
+                          self.counters[wid], self.hist[wid], self.losses[wid], epoch,
+                          self.senses[wid])
+        else:
+            policy = G.WAIT if cfg.gate == "wait" else G.DROP
+            W.async_worker(_ALGO_CODES[cfg.algo], policy, self.state, self.probe, self.params,
+                           self.velocity, self.local[wid], ws.grad, *common, cfg.lr,
+                           cfg.momentum, self.lr_factors, self.counters[wid], self.hist[wid],
+                           self.losses[wid], epoch)
+
+    def total(self, column: int) -> int:
+        return int(self.counters[:, column].sum())
+
+    def live(self, applied_before: int, seconds: float) -> Live:
+        applied = self.total(W.APPLIED)
+        y = int(self.state[G.Y]) if self.cfg.algo == "interval" else None
+        return Live(updates_per_s=(applied - applied_before) / max(seconds, 1e-9), y=y,
+                    mean_tau=self.total(W.TAU_SUM) / max(applied, 1))
+
+
+def train_parallel(model: Model, data: Dataset, cfg: TrainConfig,
+                   hooks: Hooks | None = None) -> RunResult:
+    """sync, async, hogwild or interval with cfg.threads worker threads."""
+    hooks = hooks or Hooks()
+    n_train = data.x_train.shape[0]
+    quota = steps_per_epoch(n_train, cfg.batch_size)
+    team = _Team(model, data, cfg, model.init(cfg.seed))
+    result = RunResult(status="completed", params=team.params,
+                       staleness_bound=cfg.staleness_bound)
+    team.warm_up()
+    for epoch in range(cfg.epochs):
+        hooks.on_epoch_start(epoch + 1, quota * cfg.batch_size)
+        applied_before = team.total(W.APPLIED)
+        t0 = time.perf_counter()
+
+        def tick() -> bool:
+            elapsed = time.perf_counter() - t0
+            done = team.total(W.APPLIED) - applied_before
+            hooks.on_progress(done * cfg.batch_size, team.live(applied_before, elapsed))
+            return _over_budget(cfg, result.train_time_s + elapsed)
+
+        team.run_epoch(epoch, quota, tick)
+        epoch_time = time.perf_counter() - t0
+        applied = team.total(W.APPLIED) - applied_before
+        hooks.on_progress(applied * cfg.batch_size, team.live(applied_before, epoch_time))
+        result.train_time_s += epoch_time
+        result.samples += applied * cfg.batch_size
+        record = EpochRecord(
+            epoch=epoch + 1,
+            train_loss=float(team.losses[:, epoch].sum() / max(applied, 1)),
+            test_accuracy=_test_accuracy(model, team.params, data, result),
+            wall_s=result.train_time_s,
+            samples_per_s=applied * cfg.batch_size / max(epoch_time, 1e-9),
+            complete=applied == quota,
+            staleness_hist=metrics.trimmed(team.hist[:, epoch].sum(axis=0)),
+        )
+        result.epochs.append(record)
+        hooks.on_epoch_end(record)
+        if G.stopped(team.state):
+            result.status = "time_budget"
+            break
+    _collect_run_stats(team, result)
+    return result
+
+
+def _collect_run_stats(team: _Team, result: RunResult) -> None:
+    result.computed = team.total(W.COMPUTED)
+    result.applied = team.total(W.APPLIED)
+    result.dropped = team.total(W.DROPPED)
+    result.staleness_hist = team.hist.sum(axis=(0, 1))
+    result.staleness_max = int(team.counters[:, W.TAU_MAX].max())
+    result.gate_wait_s = team.total(W.WAIT_NS) / 1e9
+    result.gil_fraction = float(team.python_s.sum() / max(team.alive_s.sum(), 1e-9))
+    result.max_concurrent_steps = int(team.probe[W.ACTIVE_MAX])
+
+
 def train(model: Model, data: Dataset, cfg: TrainConfig, hooks: Hooks | None = None) -> RunResult:
     """Run the algorithm that cfg.algo names."""
+    cfg.check()
     if cfg.algo == "sequential":
         return train_sequential(model, data, cfg, hooks)
-    raise ValueError(f"unknown algo {cfg.algo!r}; choose from {', '.join(ALGOS)}")
+    return train_parallel(model, data, cfg, hooks)

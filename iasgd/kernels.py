@@ -392,6 +392,18 @@ def sgd_momentum_update(params, velocity, grad, lr, momentum):
         params[i] -= eta * v
 
 
+@jit
+def mean_rows(rows, count, lo, hi, out):
+    """out[j] = mean of rows[:count, lo + j] for j < hi - lo (out may be a
+    slice of one of those rows: each column is read before it is written)."""
+    inv = rows.dtype.type(1.0 / count)
+    for j in range(hi - lo):
+        s = rows.dtype.type(0)
+        for k in range(count):
+            s += rows[k, lo + j]
+        out[j] = s * inv
+
+
 # ---------------------------------------------------------- whole network
 
 

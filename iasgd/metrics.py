@@ -51,6 +51,9 @@ def results_document(config: dict[str, Any], result: Any, num_params: int) -> di
     run-wide throughput."""
     epochs = [asdict(e) for e in result.epochs]
     accuracies = [e["test_accuracy"] for e in epochs]
+    hist = result.staleness_hist
+    applied = int(hist.sum())
+    seconds = result.train_time_s
     return {
         "config": config,
         "status": result.status,
@@ -59,11 +62,31 @@ def results_document(config: dict[str, Any], result: Any, num_params: int) -> di
         "train_time_s": result.train_time_s,
         "eval_time_s": result.eval_time_s,
         "samples": result.samples,
-        "samples_per_s": result.samples / result.train_time_s if result.train_time_s > 0 else 0.0,
+        "samples_per_s": result.samples / seconds if seconds > 0 else 0.0,
+        "updates_per_s": result.applied / seconds if seconds > 0 else 0.0,
+        "computed": result.computed,
+        "applied": result.applied,
+        "dropped": result.dropped,
+        "acceptance_rate": result.applied / result.computed if result.computed else 1.0,
+        "staleness": {
+            "hist": trimmed(hist),
+            "mean": float(np.dot(np.arange(hist.size), hist) / applied) if applied else 0.0,
+            "max": result.staleness_max,
+            "bound": result.staleness_bound,
+        },
+        "gate_wait_s": result.gate_wait_s,
+        "gil_fraction": result.gil_fraction,
+        "max_concurrent_steps": result.max_concurrent_steps,
         "final_test_accuracy": accuracies[-1] if accuracies else None,
         "best_test_accuracy": max(accuracies) if accuracies else None,
         "machine": machine_info(),
     }
+
+
+def trimmed(hist: np.ndarray) -> list[int]:
+    """A histogram as a list without its trailing zero bins."""
+    nonzero = np.flatnonzero(hist)
+    return hist[: nonzero[-1] + 1].tolist() if nonzero.size else []
 
 
 def write_json_atomic(path: str | Path, document: dict[str, Any]) -> None:

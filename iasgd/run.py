@@ -18,6 +18,8 @@ from iasgd import data as datasets
 from iasgd import engine, metrics, models
 
 EXIT_USAGE = 2
+EXIT_FAILED = 1
+MAX_THREADS = 1024  # far beyond any CPU this runs on; a typo guard
 
 
 class UsageError(Exception):
@@ -99,7 +101,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "the directory of its four .gz files)")
     g = p.add_argument_group("training")
     g.add_argument("--algo", choices=engine.ALGOS, default="sequential",
-                   help="training algorithm")
+                   help="sequential (one thread), sync (averaged rounds), async (lock-based), "
+                        "hogwild (no locks), interval (Interval-Asynchrony)")
+    g.add_argument("--threads", type=_positive_int, default=1,
+                   help=f"worker threads n (at most {MAX_THREADS})")
+    g.add_argument("--interval", type=_positive_int, default=16, metavar="Y",
+                   help="interval size y of --algo interval: staleness stays <= y - 1")
+    g.add_argument("--gate", choices=("wait", "drop"), default="wait",
+                   help="interval policy: wait for a free slot, or drop updates that miss one")
     g.add_argument("--batch-size", type=_positive_int, default=16, help="mini-batch size b")
     g.add_argument("--lr", type=_positive_float, default=0.005, help="step size eta")
     g.add_argument("--momentum", type=_momentum, default=0.5,
@@ -121,6 +130,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = build_parser().parse_args(argv)
     if args.hidden is not None and args.model != "mlp":
         raise UsageError("--hidden applies to --model mlp only")
+    if args.threads > MAX_THREADS:
+        raise UsageError(f"--threads {args.threads} is more than {MAX_THREADS}; "
+                         "use at most a few times the number of cores")
+    if args.algo == "sequential" and args.threads != 1:
+        raise UsageError("--algo sequential runs one thread; pick --algo sync, async, "
+                         "hogwild or interval for --threads > 1")
     if args.seed < 0:
         raise UsageError(f"--seed must be >= 0, got {args.seed}")
     out_dir = Path(args.out).resolve().parent
@@ -148,7 +163,8 @@ def run_config(args: argparse.Namespace) -> dict:
 def train_config(args: argparse.Namespace) -> engine.TrainConfig:
     return engine.TrainConfig(batch_size=args.batch_size, lr=args.lr, momentum=args.momentum,
                               epochs=args.epochs, time_budget=args.time_budget,
-                              seed=args.seed, algo=args.algo)
+                              seed=args.seed, algo=args.algo, threads=args.threads,
+                              interval=args.interval, gate=args.gate)
 
 
 class Display:
@@ -173,10 +189,16 @@ class Display:
                         disable=None)  # None: no bar when stderr is not a terminal
         self._done = 0
 
-    def progress(self, samples_done: int) -> None:
-        if self.bar is not None:
-            self.bar.update(samples_done - self._done)
-            self._done = samples_done
+    def progress(self, samples_done: int, live: engine.Live) -> None:
+        if self.bar is None:
+            return
+        parts = [f"{live.updates_per_s:,.0f} upd/s"]
+        if live.y is not None:
+            parts.append(f"y={live.y}")
+        parts.append(f"mean tau {live.mean_tau:.2f}")
+        self.bar.set_postfix_str(", ".join(parts), refresh=False)
+        self.bar.update(samples_done - self._done)
+        self._done = samples_done
 
     def epoch_end(self, r: engine.EpochRecord) -> None:
         if self.bar is not None:
@@ -202,18 +224,30 @@ def main(argv: list[str] | None = None) -> int:
         print(f"iasgd: error: {args.dataset} images are {data.input_shape}, the model expects "
               f"{model.input_shape}", file=sys.stderr)
         return EXIT_USAGE
+    algo = args.algo if args.threads == 1 else f"{args.algo} x {args.threads} threads"
+    if args.algo == "interval":
+        algo += f", y={args.interval}, gate {args.gate}"
     display.say(f"{args.model} ({model.num_params:,} parameters) on {args.dataset} "
                 f"({data.x_train.shape[0]:,} train / {data.x_test.shape[0]:,} test, loaded in "
-                f"{time.perf_counter() - t0:.1f}s); {args.algo}, b={args.batch_size}, "
+                f"{time.perf_counter() - t0:.1f}s); {algo}, b={args.batch_size}, "
                 f"lr={args.lr:g}, momentum={args.momentum:g}")
     hooks = engine.Hooks(display.epoch_start, display.progress, display.epoch_end)
-    result = engine.train(model, data, train_config(args), hooks)
+    try:
+        result = engine.train(model, data, train_config(args), hooks)
+    except RuntimeError as e:  # a worker failed; the others have stopped
+        print(f"iasgd: error: {e}", file=sys.stderr)
+        return EXIT_FAILED
     document = metrics.results_document(run_config(args), result, model.num_params)
     metrics.write_json_atomic(args.out, document)
     acc = document["final_test_accuracy"]
+    st = document["staleness"]
+    bound = "unbounded" if st["bound"] is None else f"bound {st['bound']}"
     display.say(f"{result.status}: {len(result.epochs)} epochs in {result.train_time_s:.1f}s "
                 f"training ({document['samples_per_s']:,.0f} samples/s), final test accuracy "
-                f"{100 * acc:.2f}%, results in {args.out}")
+                f"{100 * acc:.2f}%")
+    display.say(f"staleness mean {st['mean']:.2f} max {st['max']} ({bound}); "
+                f"{document['applied']:,} of {document['computed']:,} gradients applied "
+                f"({100 * document['acceptance_rate']:.1f}%); results in {args.out}")
     return 0
 
 

@@ -1,0 +1,188 @@
+"""Atomic operations on int64 numpy arrays, callable from nopython code.
+
+numba has no atomics for CPU code (numba issue #2988), so these are intrinsics
+that emit LLVM's `atomicrmw`, `cmpxchg` and atomic load/store, all sequentially
+consistent. They act on `arr[i]` of a 1-d C-contiguous int64 array.
+
+    atomic_add(arr, i, v) -> old value          (fetch-and-add)
+    atomic_cas(arr, i, expected, new) -> old    (success iff old == expected)
+    atomic_load(arr, i) -> value
+    atomic_store(arr, i, v)
+    cpu_relax()         a spin-wait hint (x86 `pause`); no-op elsewhere
+    sleep_us(us)        give the core away for about `us` microseconds (libc usleep)
+    monotonic_ns()      CLOCK_MONOTONIC in nanoseconds (libc clock_gettime)
+
+With NUMBA_DISABLE_JIT=1 the same names are plain Python functions serialised by
+one lock, so the test suite still runs (slowly) without compilation.
+"""
+
+from __future__ import annotations
+
+import platform
+import threading
+import time
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+_ORDER = "seq_cst"
+_I64 = ir.IntType(64)
+
+
+def _item_pointer(context, builder, arrty, arr, idx):
+    array = context.make_array(arrty)(context, builder, arr)
+    return cgutils.get_item_pointer(context, builder, arrty, array, [idx], wraparound=False)
+
+
+def _check(arr, *scalars):
+    if not (isinstance(arr, types.Array) and arr.dtype == types.int64 and arr.ndim == 1):
+        raise numba.core.errors.TypingError("atomics need a 1-d int64 array")
+    if not all(isinstance(s, types.Integer) for s in scalars):
+        raise numba.core.errors.TypingError("atomics need integer index and values")
+
+
+@intrinsic
+def _atomic_add(typingctx, arr, idx, value):
+    _check(arr, idx, value)
+
+    def codegen(context, builder, sig, args):
+        ptr = _item_pointer(context, builder, sig.args[0], args[0], args[1])
+        v = context.cast(builder, args[2], sig.args[2], types.int64)
+        return builder.atomic_rmw("add", ptr, v, _ORDER)
+
+    return types.int64(arr, idx, value), codegen
+
+
+@intrinsic
+def _atomic_cas(typingctx, arr, idx, expected, new):
+    _check(arr, idx, expected, new)
+
+    def codegen(context, builder, sig, args):
+        ptr = _item_pointer(context, builder, sig.args[0], args[0], args[1])
+        exp = context.cast(builder, args[2], sig.args[2], types.int64)
+        val = context.cast(builder, args[3], sig.args[3], types.int64)
+        pair = builder.cmpxchg(ptr, exp, val, _ORDER, _ORDER)
+        return builder.extract_value(pair, 0)
+
+    return types.int64(arr, idx, expected, new), codegen
+
+
+@intrinsic
+def _atomic_load(typingctx, arr, idx):
+    _check(arr, idx)
+
+    def codegen(context, builder, sig, args):
+        ptr = _item_pointer(context, builder, sig.args[0], args[0], args[1])
+        return builder.load_atomic(ptr, _ORDER, 8)
+
+    return types.int64(arr, idx), codegen
+
+
+@intrinsic
+def _atomic_store(typingctx, arr, idx, value):
+    _check(arr, idx, value)
+
+    def codegen(context, builder, sig, args):
+        ptr = _item_pointer(context, builder, sig.args[0], args[0], args[1])
+        v = context.cast(builder, args[2], sig.args[2], types.int64)
+        builder.store_atomic(v, ptr, _ORDER, 8)
+        return context.get_dummy_value()
+
+    return types.none(arr, idx, value), codegen
+
+
+_X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "i386")
+
+
+@intrinsic
+def _cpu_relax(typingctx):
+    def codegen(context, builder, sig, args):
+        if _X86:
+            fnty = ir.FunctionType(ir.VoidType(), [])
+            builder.call(cgutils.get_or_insert_function(builder.module, fnty,
+                                                        "llvm.x86.sse2.pause"), [])
+        return context.get_dummy_value()
+
+    return types.none(), codegen
+
+
+@intrinsic
+def _sleep_us(typingctx, us):
+    if not isinstance(us, types.Integer):
+        raise numba.core.errors.TypingError("sleep_us needs an integer")
+
+    def codegen(context, builder, sig, args):
+        # Declared by name, so the symbol is resolved when the code is loaded:
+        # the compiled function stays cacheable.
+        fnty = ir.FunctionType(ir.IntType(32), [ir.IntType(32)])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "usleep")
+        builder.call(fn, [builder.trunc(context.cast(builder, args[0], sig.args[0],
+                                                     types.int64), ir.IntType(32))])
+        return context.get_dummy_value()
+
+    return types.none(us), codegen
+
+
+_CLOCK_MONOTONIC = 1  # Linux
+
+
+@intrinsic
+def _monotonic_ns(typingctx):
+    def codegen(context, builder, sig, args):
+        timespec = ir.LiteralStructType([_I64, _I64])  # tv_sec, tv_nsec on 64-bit Linux
+        ts = cgutils.alloca_once(builder, timespec)
+        fnty = ir.FunctionType(ir.IntType(32), [ir.IntType(32), timespec.as_pointer()])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "clock_gettime")
+        builder.call(fn, [ir.Constant(ir.IntType(32), _CLOCK_MONOTONIC), ts])
+        sec = builder.load(cgutils.gep_inbounds(builder, ts, 0, 0))
+        nsec = builder.load(cgutils.gep_inbounds(builder, ts, 0, 1))
+        return builder.add(builder.mul(sec, ir.Constant(_I64, 1_000_000_000)), nsec)
+
+    return types.int64(), codegen
+
+
+if numba.config.DISABLE_JIT:
+    _lock = threading.Lock()
+
+    def atomic_add(arr: np.ndarray, i: int, v: int) -> int:
+        with _lock:
+            old = int(arr[i])
+            arr[i] = old + v
+            return old
+
+    def atomic_cas(arr: np.ndarray, i: int, expected: int, new: int) -> int:
+        with _lock:
+            old = int(arr[i])
+            if old == expected:
+                arr[i] = new
+            return old
+
+    def atomic_load(arr: np.ndarray, i: int) -> int:
+        with _lock:
+            return int(arr[i])
+
+    def atomic_store(arr: np.ndarray, i: int, v: int) -> None:
+        with _lock:
+            arr[i] = v
+
+    def cpu_relax() -> None:
+        time.sleep(0)  # let the other Python threads run
+
+    def sleep_us(us: int) -> None:
+        time.sleep(us * 1e-6)
+
+    def monotonic_ns() -> int:
+        return time.monotonic_ns()
+
+else:
+    atomic_add = _atomic_add
+    atomic_cas = _atomic_cas
+    atomic_load = _atomic_load
+    atomic_store = _atomic_store
+    cpu_relax = _cpu_relax
+    sleep_us = _sleep_us
+    monotonic_ns = _monotonic_ns

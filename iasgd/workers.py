@@ -1,0 +1,181 @@
+"""The compiled worker loops of the parallel algorithms.
+
+A worker thread makes one call per epoch into one of these loops, which runs
+with the GIL released until the epoch's tickets are used up or the run is
+stopped: draw a batch, read the parameters, forward, backward, pass the gate,
+apply the update, record staleness and loss. Python does nothing per step.
+
+Staleness: tau = V just before the update is applied minus V when the worker
+read the parameters (see iasgd.gate).
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from iasgd import gate as G
+from iasgd import kernels as K
+from iasgd.atomics import atomic_add, atomic_cas, atomic_load, monotonic_ns
+
+HOGWILD, ASYNC, INTERVAL, SYNC = 0, 1, 2, 3
+
+# Columns of a worker's int64 counter row (rows padded to a cache line multiple).
+COMPUTED, APPLIED, DROPPED, TAU_SUM, TAU_MAX, WAIT_NS, STEPS_NS = range(7)
+COUNTER_COLUMNS = 16
+# Slots of the shared `probe` array: steps running right now, and their maximum.
+ACTIVE, ACTIVE_MAX = 0, 1
+
+jit = nb.njit(nogil=True, cache=True)
+
+
+@jit
+def seed_stream(seed):
+    """Seed this thread's numba random stream (each thread has its own)."""
+    np.random.seed(seed)
+
+
+@jit
+def draw_batch(idx, count):
+    """idx[:] = uniform draws from [0, count), with replacement."""
+    for i in range(idx.size):
+        idx[i] = np.random.randint(0, count)
+
+
+@jit
+def _enter_step(probe):
+    now = atomic_add(probe, ACTIVE, 1) + 1
+    while True:  # probe[ACTIVE_MAX] = max(probe[ACTIVE_MAX], now)
+        seen = atomic_load(probe, ACTIVE_MAX)
+        if now <= seen or atomic_cas(probe, ACTIVE_MAX, seen, now) == seen:
+            return
+
+
+@jit
+def _leave_step(probe):
+    atomic_add(probe, ACTIVE, -1)
+
+
+@jit
+def _record(counters, hist, losses, epoch, tau, loss):
+    counters[APPLIED] += 1
+    counters[TAU_SUM] += tau
+    counters[TAU_MAX] = max(counters[TAU_MAX], tau)
+    hist[epoch, min(tau, hist.shape[1] - 1)] += 1
+    losses[epoch] += loss
+
+
+@jit
+def async_worker(algo, policy, state, probe, params, velocity, local, grad, acts, dacts,
+                 argmax, batch_labels, idx, conv_plan, dense_plan, images, scale, shift,
+                 labels, lr, momentum, lr_factors, counters, hist, losses, epoch):
+    """One worker of hogwild, async (lock-based) or interval, for one epoch.
+
+    state: the gate (iasgd.gate); params, velocity: shared (P,) float32;
+    local: (P,) private copy (async reads a consistent snapshot into it);
+    grad/acts/dacts/argmax/batch_labels/idx: this worker's workspace;
+    images (M, D) uint8 -> images * scale + shift; labels (M,) int64;
+    lr_factors: step-size factor by staleness (last entry for all larger tau);
+    counters: this worker's row; hist: (epochs, bins) staleness histogram;
+    losses: (epochs,) sum of the losses of applied steps.
+    """
+    D = images.shape[1]
+    n = idx.size
+    x = acts[:n * D].reshape((n, D))
+    t_start = monotonic_ns()
+    while G.take_ticket(state):
+        gen = 0
+        if algo == INTERVAL and policy == G.WAIT:
+            t0 = monotonic_ns()
+            gen = G.wait_for_slot(state)
+            counters[WAIT_NS] += monotonic_ns() - t0
+            if gen < 0:  # stopped while waiting
+                G.return_ticket(state)
+                break
+        elif algo == INTERVAL:
+            gen = G.generation(state)
+        draw_batch(idx, images.shape[0])
+        K.gather_images(images, idx, scale, shift, x)
+        for i in range(n):
+            batch_labels[i] = labels[idx[i]]
+        if algo == ASYNC:  # consistent read: a snapshot under the lock
+            G.lock(state)
+            local[:] = params
+            v_read = atomic_load(state, G.VERSION)
+            G.unlock(state)
+            read = local
+        else:  # Hogwild!-style: read the shared array as it is
+            v_read = atomic_load(state, G.VERSION)
+            read = params
+        _enter_step(probe)
+        loss = K.network_loss_and_grad(read, grad, conv_plan, dense_plan, acts, dacts,
+                                       argmax, batch_labels)
+        _leave_step(probe)
+        counters[COMPUTED] += 1
+        if algo == INTERVAL and policy == G.DROP and not G.claim_slot(state, gen):
+            counters[DROPPED] += 1
+            G.return_ticket(state)
+            continue
+        if algo == ASYNC:
+            G.lock(state)
+        tau = G.begin_apply(state) - v_read
+        factor = lr_factors[min(tau, lr_factors.size - 1)]
+        K.sgd_momentum_update(params, velocity, grad, lr * factor, momentum)
+        if algo == ASYNC:
+            G.unlock(state)
+        elif algo == INTERVAL:
+            G.finish_apply(state)
+        _record(counters, hist, losses, epoch, tau, loss)
+    counters[STEPS_NS] += monotonic_ns() - t_start
+
+
+@jit
+def sync_worker(wid, parties, count, state, probe, params, velocity, grads,
+                acts, dacts, argmax, batch_labels, idx, conv_plan, dense_plan, images,
+                scale, shift, labels, lr, momentum, counters, hist, losses, epoch, sense):
+    """One worker of synchronous parallel SGD, for one epoch of `count`
+    gradients, in rounds: every worker computes a gradient on the same
+    parameters into grads[wid] (the last round may use fewer workers), a
+    barrier, each worker averages and applies its slice of the parameters,
+    a barrier. sense: (1,) this worker's barrier sense, kept across epochs."""
+    D = images.shape[1]
+    n = idx.size
+    x = acts[:n * D].reshape((n, D))
+    P = params.size
+    lo = wid * P // parties
+    hi = (wid + 1) * P // parties
+    t_start = monotonic_ns()
+    done = 0
+    while done * parties < count and not G.stopped(state):
+        active = min(parties, count - done * parties)
+        if wid < active:
+            draw_batch(idx, images.shape[0])
+            K.gather_images(images, idx, scale, shift, x)
+            for i in range(n):
+                batch_labels[i] = labels[idx[i]]
+            _enter_step(probe)
+            loss = K.network_loss_and_grad(params, grads[wid], conv_plan, dense_plan, acts,
+                                           dacts, argmax, batch_labels)
+            _leave_step(probe)
+            counters[COMPUTED] += 1
+            _record(counters, hist, losses, epoch, 0, loss)
+        t0 = monotonic_ns()
+        sense[0] = 1 - sense[0]
+        ok = G.barrier(state, parties, sense[0])
+        counters[WAIT_NS] += monotonic_ns() - t0
+        if not ok:
+            break
+        # Columns [lo, hi) are this worker's alone: it may overwrite them in its
+        # own row with the mean (the next round's backward rewrites the row).
+        K.mean_rows(grads, active, lo, hi, grads[wid, lo:hi])
+        K.sgd_momentum_update(params[lo:hi], velocity[lo:hi], grads[wid, lo:hi], lr, momentum)
+        if wid == 0:
+            atomic_add(state, G.VERSION, 1)
+        t0 = monotonic_ns()
+        sense[0] = 1 - sense[0]
+        ok = G.barrier(state, parties, sense[0])
+        counters[WAIT_NS] += monotonic_ns() - t0
+        if not ok:
+            break
+        done += 1
+    counters[STEPS_NS] += monotonic_ns() - t_start
