@@ -98,6 +98,7 @@ class RunResult:
     computed: int = 0  # gradients computed
     applied: int = 0  # gradients applied (sync: its n per averaged update)
     dropped: int = 0  # thrown away by the drop gate
+    intervals: int = 0  # intervals completed (algo interval)
     staleness_hist: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64))
     staleness_max: int = 0
     staleness_bound: int | None = 0
@@ -237,9 +238,10 @@ class _Team:
     def warm_up(self) -> None:
         """Load (or compile) the worker loop before the clock starts: a call
         with no tickets returns at once."""
-        W.seed_stream(0)
-        self._call_loop(0, 0, 0)
+        self._worker_main(0, 0, 0)
+        self._raise_first_error()
         self.counters[:] = 0
+        self.python_s[:] = self.alive_s[:] = 0
 
     def run_epoch(self, epoch: int, quota: int, on_tick: Callable[[], bool]) -> None:
         """Run all workers until `quota` more gradients are applied (or a stop).
@@ -255,6 +257,9 @@ class _Team:
                 t.join(MONITOR_SECONDS)
                 if t.is_alive() and on_tick():
                     G.request_stop(self.state)
+        self._raise_first_error()
+
+    def _raise_first_error(self) -> None:
         if self.errors:
             wid, err = self.errors[0]
             raise RuntimeError(f"worker {wid} failed: {type(err).__name__}: {err}") from err
@@ -316,7 +321,7 @@ def train_parallel(model: Model, data: Dataset, cfg: TrainConfig,
         applied_before = team.total(W.APPLIED)
         t0 = time.perf_counter()
 
-        def tick() -> bool:
+        def tick(t0: float = t0, applied_before: int = applied_before) -> bool:
             elapsed = time.perf_counter() - t0
             done = team.total(W.APPLIED) - applied_before
             hooks.on_progress(done * cfg.batch_size, team.live(applied_before, elapsed))
@@ -350,6 +355,7 @@ def _collect_run_stats(team: _Team, result: RunResult) -> None:
     result.computed = team.total(W.COMPUTED)
     result.applied = team.total(W.APPLIED)
     result.dropped = team.total(W.DROPPED)
+    result.intervals = int(team.state[G.INTERVALS])
     result.staleness_hist = team.hist.sum(axis=(0, 1))
     result.staleness_max = int(team.counters[:, W.TAU_MAX].max())
     result.gate_wait_s = team.total(W.WAIT_NS) / 1e9

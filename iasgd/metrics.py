@@ -67,6 +67,7 @@ def results_document(config: dict[str, Any], result: Any, num_params: int) -> di
         "computed": result.computed,
         "applied": result.applied,
         "dropped": result.dropped,
+        "intervals": result.intervals,
         "acceptance_rate": result.applied / result.computed if result.computed else 1.0,
         "staleness": {
             "hist": trimmed(hist),

@@ -63,7 +63,7 @@ def test_time_budget_stops_mid_epoch():
 def test_hooks_see_every_epoch_and_progress(synthetic):
     seen: list = []
     hooks = engine.Hooks(on_epoch_start=lambda e, n: seen.append(("start", e, n)),
-                         on_progress=lambda done: seen.append(("progress", done)),
+                         on_progress=lambda done, live: seen.append(("progress", done)),
                          on_epoch_end=lambda r: seen.append(("end", r.epoch)))
     engine.train(models.build("lenet", "synthetic"), synthetic,
                  engine.TrainConfig(epochs=2), hooks)

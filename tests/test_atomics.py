@@ -1,0 +1,109 @@
+"""Atomics under real contention: threads running compiled nogil code start
+together (a spin on a shared flag) and hammer the same array slots."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numba as nb
+import numpy as np
+
+from iasgd.atomics import (
+    atomic_add,
+    atomic_cas,
+    atomic_load,
+    atomic_store,
+    monotonic_ns,
+    sleep_us,
+)
+
+GO, ARRIVED, ADDS, CAS_COUNT, CAS_RETRIES = range(5)
+
+
+@nb.njit(nogil=True, cache=True)
+def _start_together(arr, parties):
+    atomic_add(arr, ARRIVED, 1)
+    while atomic_load(arr, ARRIVED) < parties:
+        pass
+
+
+@nb.njit(nogil=True, cache=True)
+def _hammer_add(arr, parties, m):
+    _start_together(arr, parties)
+    for _ in range(m):
+        atomic_add(arr, ADDS, 1)
+
+
+@nb.njit(nogil=True, cache=True)
+def _hammer_cas(arr, parties, m):
+    _start_together(arr, parties)
+    retries = 0
+    for _ in range(m):
+        while True:
+            old = atomic_load(arr, CAS_COUNT)
+            if atomic_cas(arr, CAS_COUNT, old, old + 1) == old:
+                break
+            retries += 1
+    atomic_add(arr, CAS_RETRIES, retries)
+
+
+def run_threads(fn, arr, parties, m):
+    threads = [threading.Thread(target=fn, args=(arr, parties, m)) for _ in range(parties)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+        assert not t.is_alive()
+
+
+def test_fetch_add_loses_no_increment():
+    arr = np.zeros(8, np.int64)
+    _hammer_add(arr, 1, 1)  # compile
+    for parties in (2, 4, 8):
+        arr[:] = 0
+        run_threads(_hammer_add, arr, parties, 200_000)
+        assert arr[ADDS] == parties * 200_000
+
+
+def test_compare_and_swap_under_contention():
+    arr = np.zeros(8, np.int64)
+    _hammer_cas(arr, 1, 1)
+    arr[:] = 0
+    run_threads(_hammer_cas, arr, 4, 200_000)
+    assert arr[CAS_COUNT] == 4 * 200_000
+    # the CAS loop really raced (two threads on two cores): some attempts failed
+    assert arr[CAS_RETRIES] > 0
+
+
+@nb.njit(cache=True)
+def _cas_semantics(arr):
+    a = atomic_cas(arr, 0, 5, 7)  # expected 5, is 3: fails, returns 3
+    b = atomic_cas(arr, 0, 3, 9)  # succeeds, returns 3
+    atomic_store(arr, 1, -4)
+    return a, b, atomic_load(arr, 0), atomic_add(arr, 1, 10), arr[1]
+
+
+def test_operation_semantics():
+    arr = np.array([3, 0], np.int64)
+    assert _cas_semantics(arr) == (3, 3, 9, -4, 6)
+
+
+@nb.njit(cache=True)
+def _timed_sleep(us):
+    t0 = monotonic_ns()
+    sleep_us(us)
+    return monotonic_ns() - t0
+
+
+@nb.njit(cache=True)
+def _now():
+    return monotonic_ns()
+
+
+def test_clock_and_sleep():
+    assert 2_000_000 <= _timed_sleep(2000) < 1_000_000_000
+    _now()
+    before = time.monotonic_ns()
+    now = _now()
+    assert before <= now <= time.monotonic_ns()  # the same clock as Python's
