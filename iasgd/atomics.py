@@ -11,6 +11,11 @@ consistent. They act on `arr[i]` of a 1-d C-contiguous int64 array.
     cpu_relax()         a spin-wait hint (x86 `pause`); no-op elsewhere
     sleep_us(us)        give the core away for about `us` microseconds (libc usleep)
     monotonic_ns()      CLOCK_MONOTONIC in nanoseconds (libc clock_gettime)
+    futex_wait(arr, i, expected, timeout_us)
+                        sleep while the low 32 bits of arr[i] equal `expected`
+                        (Linux futex; elsewhere a plain sleep of timeout_us)
+    futex_wake_all(arr, i)
+                        wake every thread sleeping in futex_wait on arr[i]
 
 With NUMBA_DISABLE_JIT=1 the same names are plain Python functions serialised by
 one lock, so the test suite still runs (slowly) without compilation.
@@ -145,6 +150,61 @@ def _monotonic_ns(typingctx):
     return types.int64(), codegen
 
 
+_SYS_FUTEX = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98}.get(
+    platform.machine().lower()) if platform.system() == "Linux" else None
+_FUTEX_WAIT_PRIVATE, _FUTEX_WAKE_PRIVATE = 128, 129
+_INT_MAX = 2**31 - 1
+
+
+def _futex_call(context, builder, sig, args, op, value, timeout_ptr):
+    ptr = _item_pointer(context, builder, sig.args[0], args[0], args[1])
+    fnty = ir.FunctionType(_I64, [_I64], var_arg=True)
+    syscall = cgutils.get_or_insert_function(builder.module, fnty, "syscall")
+    null = ir.Constant(_I64, 0)
+    # the low half of the int64 slot is the 32-bit futex word (little-endian)
+    builder.call(syscall, [ir.Constant(_I64, _SYS_FUTEX), builder.ptrtoint(ptr, _I64),
+                           ir.Constant(_I64, op), value, timeout_ptr, null, null])
+
+
+@intrinsic
+def _futex_wait(typingctx, arr, idx, expected, timeout_us):
+    _check(arr, idx, expected, timeout_us)
+
+    def codegen(context, builder, sig, args):
+        us = context.cast(builder, args[3], sig.args[3], types.int64)
+        if _SYS_FUTEX is None:
+            fnty = ir.FunctionType(ir.IntType(32), [ir.IntType(32)])
+            fn = cgutils.get_or_insert_function(builder.module, fnty, "usleep")
+            builder.call(fn, [builder.trunc(us, ir.IntType(32))])
+            return context.get_dummy_value()
+        timespec = ir.LiteralStructType([_I64, _I64])
+        ts = cgutils.alloca_once(builder, timespec)
+        million = ir.Constant(_I64, 1_000_000)
+        builder.store(builder.sdiv(us, million), cgutils.gep_inbounds(builder, ts, 0, 0))
+        builder.store(builder.mul(builder.srem(us, million), ir.Constant(_I64, 1000)),
+                      cgutils.gep_inbounds(builder, ts, 0, 1))
+        exp = context.cast(builder, args[2], sig.args[2], types.int64)
+        low = builder.and_(exp, ir.Constant(_I64, 0xFFFFFFFF))
+        _futex_call(context, builder, sig, args, _FUTEX_WAIT_PRIVATE, low,
+                    builder.ptrtoint(ts, _I64))
+        return context.get_dummy_value()
+
+    return types.none(arr, idx, expected, timeout_us), codegen
+
+
+@intrinsic
+def _futex_wake_all(typingctx, arr, idx):
+    _check(arr, idx)
+
+    def codegen(context, builder, sig, args):
+        if _SYS_FUTEX is not None:
+            _futex_call(context, builder, sig, args, _FUTEX_WAKE_PRIVATE,
+                        ir.Constant(_I64, _INT_MAX), ir.Constant(_I64, 0))
+        return context.get_dummy_value()
+
+    return types.none(arr, idx), codegen
+
+
 if numba.config.DISABLE_JIT:
     _lock = threading.Lock()
 
@@ -178,6 +238,13 @@ if numba.config.DISABLE_JIT:
     def monotonic_ns() -> int:
         return time.monotonic_ns()
 
+    def futex_wait(arr: np.ndarray, i: int, expected: int, timeout_us: int) -> None:
+        if int(arr[i]) & 0xFFFFFFFF == expected & 0xFFFFFFFF:
+            time.sleep(min(timeout_us, 1000) * 1e-6)
+
+    def futex_wake_all(arr: np.ndarray, i: int) -> None:
+        pass  # sleepers in the fallback wake up by themselves
+
 else:
     atomic_add = _atomic_add
     atomic_cas = _atomic_cas
@@ -186,3 +253,5 @@ else:
     cpu_relax = _cpu_relax
     sleep_us = _sleep_us
     monotonic_ns = _monotonic_ns
+    futex_wait = _futex_wait
+    futex_wake_all = _futex_wake_all

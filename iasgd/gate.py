@@ -29,7 +29,16 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from iasgd.atomics import atomic_add, atomic_cas, atomic_load, atomic_store, cpu_relax, sleep_us
+from iasgd.atomics import (
+    atomic_add,
+    atomic_cas,
+    atomic_load,
+    atomic_store,
+    cpu_relax,
+    futex_wait,
+    futex_wake_all,
+    sleep_us,
+)
 
 # Slots of the state array.
 GEN_TAKEN = 0  # (generation << 32) | slots taken in the current interval
@@ -44,6 +53,8 @@ INTERVALS = 8  # intervals completed
 LOCK = 9  # spin lock of the lock-based async algorithm
 BARRIER_COUNT = 10  # sense-reversing barrier of sync
 BARRIER_SENSE = 11
+OPENED = 12  # bumped whenever an interval opens or the run stops: sleepers wake on it
+SLEEPERS = 13  # workers asleep waiting for an interval to open
 STATE_SIZE = 16
 
 POLICIES = ("drop", "wait")
@@ -72,6 +83,14 @@ def stopped(state):
 @jit
 def request_stop(state):
     atomic_store(state, STOP, 1)
+    _wake_sleepers(state)
+
+
+@jit
+def _wake_sleepers(state):
+    atomic_add(state, OPENED, 1)
+    if atomic_load(state, SLEEPERS) > 0:
+        futex_wake_all(state, OPENED)
 
 
 @jit
@@ -128,7 +147,12 @@ def try_slot(state):
 @jit
 def wait_for_slot(state):
     """wait policy: take a slot, waiting for the next interval while all are
-    taken. Returns the generation, or -1 if the run was stopped."""
+    taken. Returns the generation, or -1 if the run was stopped.
+
+    A waiter spins briefly, then sleeps on a futex until the interval opens:
+    polling threads would steal the cores from the workers still computing
+    (with more threads than cores, a sleep-and-poll loop cost half the
+    throughput)."""
     spins = 0
     while True:
         gen = try_slot(state)
@@ -136,8 +160,21 @@ def wait_for_slot(state):
             return gen
         if stopped(state):
             return -1
-        backoff(spins)
-        spins += 1
+        if spins < 64:
+            cpu_relax()
+            spins += 1
+            continue
+        atomic_add(state, SLEEPERS, 1)
+        seen = atomic_load(state, OPENED)
+        # Re-check after announcing ourselves: an interval that opened before
+        # `seen` was read is visible to try_slot now; one that opens later
+        # changes OPENED, so the futex does not sleep or is woken.
+        gen = try_slot(state)
+        if gen < 0 and not stopped(state):
+            futex_wait(state, OPENED, seen, 10_000)  # 10 ms: a safety net only
+        atomic_add(state, SLEEPERS, -1)
+        if gen >= 0:
+            return gen
 
 
 @jit
@@ -171,7 +208,8 @@ def finish_apply(state):
     atomic_store(state, APPLIED, 0)
     atomic_store(state, Y, atomic_load(state, Y_NEXT))
     atomic_add(state, INTERVALS, 1)
-    atomic_store(state, GEN_TAKEN, (gen + 1) << 32)  # publishes the new interval last
+    atomic_store(state, GEN_TAKEN, (gen + 1) << 32)  # publishes the new interval
+    _wake_sleepers(state)
     return True
 
 

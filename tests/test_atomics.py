@@ -14,6 +14,8 @@ from iasgd.atomics import (
     atomic_cas,
     atomic_load,
     atomic_store,
+    futex_wait,
+    futex_wake_all,
     monotonic_ns,
     sleep_us,
 )
@@ -107,3 +109,35 @@ def test_clock_and_sleep():
     before = time.monotonic_ns()
     now = _now()
     assert before <= now <= time.monotonic_ns()  # the same clock as Python's
+
+
+@nb.njit(nogil=True, cache=True)
+def _sleep_until_changed(arr, timeout_us):
+    t0 = monotonic_ns()
+    seen = atomic_load(arr, 0)
+    atomic_store(arr, 1, 1)  # asleep (about to be)
+    while atomic_load(arr, 0) == seen and monotonic_ns() - t0 < timeout_us * 1000:
+        futex_wait(arr, 0, seen, timeout_us)
+    return monotonic_ns() - t0
+
+
+@nb.njit(cache=True)
+def _bump_and_wake(arr):
+    atomic_add(arr, 0, 1)
+    futex_wake_all(arr, 0)
+
+
+def test_futex_sleeps_until_woken_and_times_out():
+    arr = np.zeros(2, np.int64)
+    assert _sleep_until_changed(arr, 20_000) >= 20_000_000  # nobody wakes it: the timeout
+    arr[:] = 0
+    box = {}
+    t = threading.Thread(target=lambda: box.update(ns=_sleep_until_changed(arr, 10_000_000)))
+    t.start()
+    while arr[1] == 0:
+        time.sleep(0.001)
+    time.sleep(0.05)  # let it fall asleep
+    _bump_and_wake(arr)
+    t.join(5)
+    assert not t.is_alive()
+    assert box["ns"] < 2_000_000_000  # woken, long before its 10 s timeout
