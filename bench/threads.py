@@ -35,14 +35,18 @@ CASES = [  # label, algo, extra config
 ]
 
 
-def measure(model, data, algo: str, threads: int, extra: dict, repeats: int):
-    """Median applied samples/s over repeats, and the last run's result."""
-    rates, result = [], None
+def measure(model, data, algo: str, counts: tuple[int, ...], extra: dict, repeats: int):
+    """Median applied samples/s for each thread count, and each count's last
+    result. The counts take turns within each repetition, so that a drift of
+    the machine's speed hits them all alike."""
+    rates: dict[int, list[float]] = {n: [] for n in counts}
+    last = {}
     for r in range(repeats):
-        cfg = engine.TrainConfig(algo=algo, threads=threads, epochs=1, seed=r, **extra)
-        result = engine.train(model, data, cfg)
-        rates.append(result.samples / result.train_time_s)
-    return statistics.median(rates), result
+        for n in counts:
+            cfg = engine.TrainConfig(algo=algo, threads=n, epochs=1, seed=r, **extra)
+            last[n] = engine.train(model, data, cfg)
+            rates[n].append(last[n].samples / last[n].train_time_s)
+    return {n: statistics.median(v) for n, v in rates.items()}, last
 
 
 @nb.njit(cache=True)
@@ -65,7 +69,7 @@ def gate_ns_per_update(rounds: int = 2_000_000) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--updates", type=int, default=2000, help="applied updates per run")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--many", type=int, default=16, help="the oversubscribed thread count")
     args = ap.parse_args()
 
@@ -78,9 +82,9 @@ def main() -> None:
           f"{args.many} vs 2 | accepted at {args.many} | GIL at 2 |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for label, algo, extra in CASES:
-        one, _ = measure(model, data, algo, 1, extra, args.repeats)
-        two, r2 = measure(model, data, algo, 2, extra, args.repeats)
-        many, rm = measure(model, data, algo, args.many, extra, args.repeats)
+        rates, last = measure(model, data, algo, (1, 2, args.many), extra, args.repeats)
+        one, two, many = rates[1], rates[2], rates[args.many]
+        r2, rm = last[2], last[args.many]
         accepted = rm.applied / rm.computed
         print(f"| {label} | {one:,.0f} | {two:,.0f} | {many:,.0f} | {two / one:.2f}x | "
               f"{many / two:.2f}x | {100 * accepted:.0f}% | {100 * r2.gil_fraction:.3f}% |")

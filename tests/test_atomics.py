@@ -141,3 +141,37 @@ def test_futex_sleeps_until_woken_and_times_out():
     t.join(5)
     assert not t.is_alive()
     assert box["ns"] < 2_000_000_000  # woken, long before its 10 s timeout
+
+
+def test_lock_based_fallback_without_jit():
+    """NUMBA_DISABLE_JIT=1: the same names work as plain Python under a lock."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = """
+import threading, numpy as np
+from iasgd.atomics import atomic_add, atomic_cas, atomic_load
+from iasgd import gate as G
+arr = np.zeros(2, np.int64)
+def work():
+    for _ in range(2000):
+        atomic_add(arr, 0, 1)
+        while True:
+            old = atomic_load(arr, 1)
+            if atomic_cas(arr, 1, old, old + 1) == old:
+                break
+threads = [threading.Thread(target=work) for _ in range(4)]
+[t.start() for t in threads]; [t.join() for t in threads]
+state = G.new_state(2, limit=3)
+assert G.take_ticket(state) and G.wait_for_slot(state) == 0
+assert G.begin_apply(state) == 0 and not G.finish_apply(state)
+print(arr[0], arr[1])
+"""
+    env = {**os.environ, "NUMBA_DISABLE_JIT": "1",
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["8000", "8000"]
