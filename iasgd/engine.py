@@ -25,6 +25,7 @@ import numpy as np
 from iasgd import gate as G
 from iasgd import kernels as K
 from iasgd import metrics
+from iasgd import schedules as S
 from iasgd import workers as W
 from iasgd.data import Dataset
 from iasgd.models import Model
@@ -35,8 +36,9 @@ _ALGO_CODES = {"async": W.ASYNC, "hogwild": W.HOGWILD, "interval": W.INTERVAL}
 # A chunk of steps is one compiled call; between chunks Python updates the
 # progress display and checks the time budget.
 CHUNK_SECONDS = 0.1
-MONITOR_SECONDS = 0.1  # how often the main thread looks at running workers
+MONITOR_SECONDS = 0.02  # how often the main thread looks at (and steers) running workers
 HIST_BINS = 1024  # staleness histogram bins; the last one counts every larger tau
+TAIL_SAMPLE = 2048  # tail step sizes: applied updates sampled before the CDF is fixed
 
 
 @dataclass(frozen=True)
@@ -51,29 +53,82 @@ class TrainConfig:
     seed: int = 0
     algo: str = "sequential"
     threads: int = 1
-    interval: int = 16  # y, for algo interval
+    interval: int = 16  # y of a fixed interval size, and y0 of a schedule by default
     gate: str = "wait"  # interval policy: drop or wait
-
-    def check(self) -> None:
-        """Raise ValueError on a value no run can use."""
-        if self.algo not in ALGOS:
-            raise ValueError(f"unknown algo {self.algo!r}; choose from {', '.join(ALGOS)}")
-        if self.gate not in G.POLICIES:
-            raise ValueError(f"unknown gate {self.gate!r}; choose from {', '.join(G.POLICIES)}")
-        for name in ("batch_size", "epochs", "threads", "interval"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.algo == "sequential" and self.threads != 1:
-            raise ValueError("sequential runs one thread; use --threads 1 or another --algo")
+    # schedules of y (ALGORITHMS.md; defaults are the artifact's)
+    interval_schedule: str = "fixed"
+    y0: int | None = None  # None: `interval`
+    y_min: int = 4
+    decay_every: int = 4096  # q
+    decay_by: int = 1  # z
+    probe_offset: int = 16  # W
+    probe_step: int = 4  # S
+    probe_steps: int = 1024  # P: applied updates per probe (also of the thread window)
+    exec_steps: int = 8192  # X: applied updates per execute phase
+    probe_loss_scale: float = 0.9  # L
+    loss_window: int | None = None  # steps of the smoothed loss; None: 3 epochs
+    # adaptive thread count
+    threads_schedule: str = "fixed"
+    window: int = 8  # w
+    m0: int | None = None  # None: threads
+    # staleness-adaptive step size
+    lr_schedule: str = "none"
+    tail_amplitude: float = 1.0
 
     @property
-    def staleness_bound(self) -> int | None:
-        """The hard bound on tau the algorithm guarantees (None: unbounded)."""
-        if self.algo in ("sequential", "sync"):
-            return 0
-        if self.algo == "interval":
-            return self.interval - 1
-        return None
+    def start_y(self) -> int:
+        return self.y0 if self.y0 is not None else self.interval
+
+    def check(self) -> None:
+        """Raise ValueError (one line, naming knobs as CLI options) on a value
+        or combination no run can use."""
+        choices = {"algo": ALGOS, "gate": G.POLICIES,
+                   "interval_schedule": S.INTERVAL_SCHEDULES,
+                   "threads_schedule": S.THREAD_SCHEDULES, "lr_schedule": S.LR_SCHEDULES}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"unknown {_option(name)} {getattr(self, name)!r}; "
+                                 f"choose from {', '.join(allowed)}")
+        for name in ("batch_size", "epochs", "threads", "interval", "y_min", "decay_every",
+                     "decay_by", "probe_offset", "probe_step", "probe_steps", "exec_steps",
+                     "window"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{_option(name)} must be >= 1, got {getattr(self, name)}")
+        if self.algo == "sequential" and self.threads != 1:
+            raise ValueError("--algo sequential runs one thread; pick --algo sync, async, "
+                             "hogwild or interval for --threads > 1")
+        self._check_schedules()
+
+    def _check_schedules(self) -> None:
+        staleness_algos = ("async", "hogwild", "interval")
+        if self.interval_schedule != "fixed":
+            if self.algo != "interval":
+                raise ValueError(f"--interval-schedule {self.interval_schedule} applies to "
+                                 "--algo interval only")
+            if (self.interval_schedule == "probe"
+                    and self.start_y + self.probe_offset < self.y_min):
+                raise ValueError(f"the probe window --y0 {self.start_y} +- --probe-offset "
+                                 f"{self.probe_offset} lies wholly below --y-min {self.y_min}")
+            if self.y_min > self.start_y:
+                raise ValueError(f"--y-min {self.y_min} is above --y0 {self.start_y}")
+        if self.threads_schedule != "fixed" and self.algo not in staleness_algos:
+            raise ValueError(f"--threads-schedule {self.threads_schedule} applies to --algo "
+                             "async, hogwild or interval")
+        if self.m0 is not None and not 1 <= self.m0 <= self.threads:
+            raise ValueError(f"--m0 {self.m0} must lie in [1, --threads {self.threads}]")
+        if self.lr_schedule != "none" and self.algo not in staleness_algos:
+            raise ValueError(f"--lr-schedule {self.lr_schedule} applies to --algo async, "
+                             "hogwild or interval (the others have no staleness)")
+        for name in ("probe_loss_scale", "tail_amplitude"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"{_option(name)} must be in [0, 1], got {getattr(self, name)}")
+        if self.loss_window is not None and self.loss_window < 1:
+            raise ValueError(f"--loss-window must be >= 1, got {self.loss_window}")
+
+
+def _option(field_name: str) -> str:
+    """The CLI spelling of a TrainConfig field."""
+    return "--" + field_name.replace("_", "-")
 
 
 @dataclass
@@ -105,6 +160,11 @@ class RunResult:
     gate_wait_s: float = 0.0  # summed over workers
     gil_fraction: float = 0.0  # of the workers' wall time spent in Python
     max_concurrent_steps: int = 1  # most workers seen inside the compiled step at once
+    bound_violations: int = 0  # updates whose tau exceeded their interval's y - 1 (must be 0)
+    loss_first: float | None = None  # smoothed loss at the end of epoch 1
+    interval_trace: list[list[float]] = field(default_factory=list)  # [t_s, applied, y]
+    threads_trace: list[list[float]] = field(default_factory=list)  # [t_s, applied, m]
+    probe_log: list[dict] = field(default_factory=list)
 
 
 @dataclass
@@ -114,6 +174,7 @@ class Live:
     updates_per_s: float = 0.0
     y: int | None = None
     mean_tau: float = 0.0
+    m: int | None = None
 
 
 @dataclass
@@ -207,15 +268,81 @@ def _test_accuracy(model: Model, params: np.ndarray, data: Dataset, result: RunR
     return metrics.accuracy(predictions, data.y_test)
 
 
+class _Controllers:
+    """The schedules of one parallel run: they read the smoothed loss and the
+    applied count, and steer y (the gate's Y_NEXT), the active thread count m
+    (the gate's M) and the step-size factors, recording what they did."""
+
+    def __init__(self, cfg: TrainConfig, quota: int, result: RunResult):
+        self.cfg, self.result = cfg, result
+        self.monitor = S.LossMonitor(cfg.loss_window or 3 * quota)
+        self.y = self._interval_controller(cfg) if cfg.algo == "interval" else None
+        self.m = None
+        if cfg.threads_schedule == "window":
+            self.m = S.thread_window(cfg.threads, cfg.m0 or cfg.threads, cfg.window,
+                                     cfg.probe_steps, cfg.exec_steps)
+        self.tail_sample_at = min(TAIL_SAMPLE, quota) if cfg.lr_schedule == "tail" else None
+
+    @staticmethod
+    def _interval_controller(cfg: TrainConfig):
+        y0 = cfg.start_y
+        if cfg.interval_schedule == "decay":
+            return S.Decay(y0, cfg.y_min, cfg.decay_every, cfg.decay_by)
+        if cfg.interval_schedule == "follow-loss":
+            return S.FollowLoss(y0, cfg.y_min)
+        if cfg.interval_schedule == "probe":
+            return S.WindowProbe(start=y0, offset=cfg.probe_offset, step=cfg.probe_step,
+                                 probe_steps=cfg.probe_steps, exec_steps=cfg.exec_steps,
+                                 loss_scale=cfg.probe_loss_scale, low=cfg.y_min)
+        return S.Fixed(y0)
+
+    def initial_y(self) -> int:
+        return self.y.value if self.y is not None else G.UNBOUNDED
+
+    def step(self, team: _Team, now: float) -> None:
+        """Look at the run now (`now`: training seconds so far) and steer."""
+        applied = team.total(W.APPLIED)
+        loss = self.monitor.window_mean(int(team.probe[W.LOSS_POS]))
+        first = self.result.loss_first
+        if self.y is not None:
+            y = self.y.update(applied, now, loss, first)
+            if y != team.state[G.Y_NEXT] or not self.result.interval_trace:
+                team.state[G.Y_NEXT] = y  # the next interval opens with it
+                self.result.interval_trace.append([now, applied, y])
+        if self.m is not None:
+            m = self.m.update(applied, now, loss, first)
+            if m != team.state[G.M] or not self.result.threads_trace:
+                G.set_active(team.state, m)
+                self.result.threads_trace.append([now, applied, m])
+        if self.tail_sample_at is not None and applied >= self.tail_sample_at:
+            sample = team.hist.sum(axis=(0, 1))
+            team.lr_factors[:] = S.lr_factors("tail", HIST_BINS, self.cfg.threads,
+                                              self.cfg.tail_amplitude, sample)
+            self.tail_sample_at = None
+
+    def end_of_epoch(self, team: _Team, epoch: int) -> None:
+        if epoch == 0:
+            self.result.loss_first = self.monitor.window_mean(int(team.probe[W.LOSS_POS]))
+
+    def logs(self) -> None:
+        for controller in (self.y, self.m):
+            if isinstance(controller, S.WindowProbe):
+                kind = "interval" if controller is self.y else "threads"
+                self.result.probe_log += [{"knob": kind, **entry} for entry in controller.log]
+
+
 class _Team:
     """The worker threads of one parallel run and everything they own."""
 
-    def __init__(self, model: Model, data: Dataset, cfg: TrainConfig, params: np.ndarray):
+    def __init__(self, model: Model, data: Dataset, cfg: TrainConfig, params: np.ndarray,
+                 control: _Controllers):
         n, b, P = cfg.threads, cfg.batch_size, model.num_params
         self.model, self.cfg = model, cfg
         self.params = params
         self.velocity = np.zeros_like(params)
-        self.state = G.new_state(cfg.interval if cfg.algo == "interval" else G.UNBOUNDED)
+        self.state = G.new_state(control.initial_y(),
+                                 active=control.m.value if control.m else n)
+        self.ring = control.monitor.ring
         self.probe = np.zeros(8, np.int64)
         self.images = data.x_train.reshape(data.x_train.shape[0], -1)
         self.labels = data.y_train
@@ -227,7 +354,7 @@ class _Team:
         self.local = np.zeros((n, P if cfg.algo == "async" else 1), np.float32)
         self.grads = np.zeros((n, P if cfg.algo == "sync" else 1), np.float32)
         self.senses = np.zeros((n, 1), np.int64)
-        self.lr_factors = np.ones(HIST_BINS, np.float32)  # room for staleness-adaptive eta
+        self.lr_factors = S.lr_factors(cfg.lr_schedule, HIST_BINS, n)  # tail: ones until sampled
         self.counters = np.zeros((n, W.COUNTER_COLUMNS), np.int64)
         self.hist = np.zeros((n, cfg.epochs, HIST_BINS), np.int64)
         self.losses = np.zeros((n, cfg.epochs), np.float64)
@@ -242,6 +369,7 @@ class _Team:
         self._raise_first_error()
         self.counters[:] = 0
         self.python_s[:] = self.alive_s[:] = 0
+        self.probe[:] = 0
 
     def run_epoch(self, epoch: int, quota: int, on_tick: Callable[[], bool]) -> None:
         """Run all workers until `quota` more gradients are applied (or a stop).
@@ -287,14 +415,14 @@ class _Team:
         if cfg.algo == "sync":
             W.sync_worker(wid, cfg.threads, quota, self.state, self.probe, self.params,
                           self.velocity, self.grads, *common, cfg.lr, cfg.momentum,
-                          self.counters[wid], self.hist[wid], self.losses[wid], epoch,
-                          self.senses[wid])
+                          self.counters[wid], self.hist[wid], self.losses[wid], self.ring,
+                          epoch, self.senses[wid])
         else:
             policy = G.WAIT if cfg.gate == "wait" else G.DROP
-            W.async_worker(_ALGO_CODES[cfg.algo], policy, self.state, self.probe, self.params,
-                           self.velocity, self.local[wid], ws.grad, *common, cfg.lr,
-                           cfg.momentum, self.lr_factors, self.counters[wid], self.hist[wid],
-                           self.losses[wid], epoch)
+            W.async_worker(wid, _ALGO_CODES[cfg.algo], policy, self.state, self.probe,
+                           self.params, self.velocity, self.local[wid], ws.grad, *common,
+                           cfg.lr, cfg.momentum, self.lr_factors, self.counters[wid],
+                           self.hist[wid], self.losses[wid], self.ring, epoch)
 
     def total(self, column: int) -> int:
         return int(self.counters[:, column].sum())
@@ -302,8 +430,9 @@ class _Team:
     def live(self, applied_before: int, seconds: float) -> Live:
         applied = self.total(W.APPLIED)
         y = int(self.state[G.Y]) if self.cfg.algo == "interval" else None
+        m = int(self.state[G.M]) if self.cfg.threads_schedule != "fixed" else None
         return Live(updates_per_s=(applied - applied_before) / max(seconds, 1e-9), y=y,
-                    mean_tau=self.total(W.TAU_SUM) / max(applied, 1))
+                    mean_tau=self.total(W.TAU_SUM) / max(applied, 1), m=m)
 
 
 def train_parallel(model: Model, data: Dataset, cfg: TrainConfig,
@@ -312,9 +441,10 @@ def train_parallel(model: Model, data: Dataset, cfg: TrainConfig,
     hooks = hooks or Hooks()
     n_train = data.x_train.shape[0]
     quota = steps_per_epoch(n_train, cfg.batch_size)
-    team = _Team(model, data, cfg, model.init(cfg.seed))
-    result = RunResult(status="completed", params=team.params,
-                       staleness_bound=cfg.staleness_bound)
+    result = RunResult(status="completed")
+    control = _Controllers(cfg, quota, result)
+    team = _Team(model, data, cfg, model.init(cfg.seed), control)
+    result.params = team.params
     team.warm_up()
     for epoch in range(cfg.epochs):
         hooks.on_epoch_start(epoch + 1, quota * cfg.batch_size)
@@ -323,12 +453,15 @@ def train_parallel(model: Model, data: Dataset, cfg: TrainConfig,
 
         def tick(t0: float = t0, applied_before: int = applied_before) -> bool:
             elapsed = time.perf_counter() - t0
+            control.step(team, result.train_time_s + elapsed)
             done = team.total(W.APPLIED) - applied_before
             hooks.on_progress(done * cfg.batch_size, team.live(applied_before, elapsed))
             return _over_budget(cfg, result.train_time_s + elapsed)
 
+        control.step(team, result.train_time_s)
         team.run_epoch(epoch, quota, tick)
         epoch_time = time.perf_counter() - t0
+        control.end_of_epoch(team, epoch)
         applied = team.total(W.APPLIED) - applied_before
         hooks.on_progress(applied * cfg.batch_size, team.live(applied_before, epoch_time))
         result.train_time_s += epoch_time
@@ -347,11 +480,18 @@ def train_parallel(model: Model, data: Dataset, cfg: TrainConfig,
         if G.stopped(team.state):
             result.status = "time_budget"
             break
+    control.logs()
     _collect_run_stats(team, result)
     return result
 
 
 def _collect_run_stats(team: _Team, result: RunResult) -> None:
+    cfg = team.cfg
+    if cfg.algo == "interval":  # each interval's bound is its own y - 1
+        result.staleness_bound = int(max(y for _, _, y in result.interval_trace)) - 1
+    else:
+        result.staleness_bound = 0 if cfg.algo == "sync" else None
+    result.bound_violations = team.total(W.VIOLATIONS)
     result.computed = team.total(W.COMPUTED)
     result.applied = team.total(W.APPLIED)
     result.dropped = team.total(W.DROPPED)

@@ -55,6 +55,8 @@ BARRIER_COUNT = 10  # sense-reversing barrier of sync
 BARRIER_SENSE = 11
 OPENED = 12  # bumped whenever an interval opens or the run stops: sleepers wake on it
 SLEEPERS = 13  # workers asleep waiting for an interval to open
+M = 14  # workers allowed to run (the adaptive thread count); the others park
+M_CHANGED = 15  # bumped whenever M changes: parked workers wake on it
 STATE_SIZE = 16
 
 POLICIES = ("drop", "wait")
@@ -65,13 +67,15 @@ _LOW32 = (1 << 32) - 1
 jit = nb.njit(nogil=True, cache=True)
 
 
-def new_state(y: int = UNBOUNDED, limit: int = 0) -> np.ndarray:
-    """A fresh gate: generation 0, interval size y, `limit` tickets."""
+def new_state(y: int = UNBOUNDED, limit: int = 0, active: int = 1 << 30) -> np.ndarray:
+    """A fresh gate: generation 0, interval size y, `limit` tickets, `active`
+    workers allowed to run."""
     if y < 1:
         raise ValueError(f"interval size y must be >= 1, got {y}")
     state = np.zeros(STATE_SIZE, np.int64)
     state[Y] = state[Y_NEXT] = y
     state[LIMIT] = limit
+    state[M] = active
     return state
 
 
@@ -210,6 +214,31 @@ def finish_apply(state):
     atomic_add(state, INTERVALS, 1)
     atomic_store(state, GEN_TAKEN, (gen + 1) << 32)  # publishes the new interval
     _wake_sleepers(state)
+    return True
+
+
+# ------------------------------------------------- adaptive thread count
+
+
+@jit
+def set_active(state, m):
+    """Let workers 0 .. m-1 run; the others park at their next step."""
+    atomic_store(state, M, m)
+    atomic_add(state, M_CHANGED, 1)
+    futex_wake_all(state, M_CHANGED)
+
+
+@jit
+def park_while_inactive(state, wid):
+    """Sleep (no spinning) while worker `wid` is not among the active ones.
+    Returns False when the worker should leave instead: the run stops or the
+    tickets of this epoch are gone."""
+    while wid >= atomic_load(state, M):
+        if stopped(state) or atomic_load(state, TICKETS) >= atomic_load(state, LIMIT):
+            return False
+        seen = atomic_load(state, M_CHANGED)
+        if wid >= atomic_load(state, M):
+            futex_wait(state, M_CHANGED, seen, 5_000)  # wakes on a change, or checks again
     return True
 
 

@@ -7,6 +7,7 @@ Bad input is one line on stderr and exit code 2, before any work is done.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import sys
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from iasgd import data as datasets
-from iasgd import engine, metrics, models
+from iasgd import engine, metrics, models, schedules
 
 EXIT_USAGE = 2
 EXIT_FAILED = 1
@@ -70,6 +71,13 @@ def _momentum(text: str) -> float:
     return value
 
 
+def _unit_float(text: str) -> float:
+    value = _finite_float(text, low=0.0, strict=False)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
+    return value
+
+
 def _widths(text: str) -> tuple[int, ...]:
     try:
         widths = tuple(int(part) for part in text.split(","))
@@ -118,6 +126,39 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--time-budget", type=_positive_float, default=None, metavar="SECONDS",
                    help="stop after this much training time (evaluation excluded)")
     g.add_argument("--seed", type=_int, default=0, help="seed of initialisation and shuffling")
+    g = p.add_argument_group("adaptive strategies (defaults: the paper's artifact)")
+    g.add_argument("--interval-schedule", choices=schedules.INTERVAL_SCHEDULES, default="fixed",
+                   help="how y moves while training (algo interval)")
+    g.add_argument("--y0", type=_positive_int, default=None,
+                   help="starting y of a schedule (default: --interval)")
+    g.add_argument("--y-min", type=_positive_int, default=4, help="smallest y a schedule uses")
+    g.add_argument("--decay-every", type=_positive_int, default=4096, metavar="Q",
+                   help="decay: applied updates between decrements")
+    g.add_argument("--decay-by", type=_positive_int, default=1, metavar="Z",
+                   help="decay: decrement of y")
+    g.add_argument("--probe-offset", type=_positive_int, default=16, metavar="W",
+                   help="probe: half-width of the probe window")
+    g.add_argument("--probe-step", type=_positive_int, default=4, metavar="S",
+                   help="probe: distance between probed values")
+    g.add_argument("--probe-steps", type=_positive_int, default=1024, metavar="P",
+                   help="probe and thread window: applied updates per probed value")
+    g.add_argument("--exec-steps", type=_positive_int, default=8192, metavar="X",
+                   help="probe and thread window: applied updates per execute phase")
+    g.add_argument("--probe-loss-scale", type=_unit_float, default=0.9, metavar="L",
+                   help="probe: window scale s = L * loss/loss_first + (1 - L)")
+    g.add_argument("--loss-window", type=_positive_int, default=None, metavar="STEPS",
+                   help="steps in the smoothed training loss (default: 3 epochs)")
+    g.add_argument("--threads-schedule", choices=schedules.THREAD_SCHEDULES, default="fixed",
+                   help="window: probe the number of active threads m (elastic baseline)")
+    g.add_argument("--window", type=_positive_int, default=8, metavar="w",
+                   help="thread window: number of m values probed")
+    g.add_argument("--m0", type=_positive_int, default=None,
+                   help="thread window: starting m (default: --threads)")
+    g.add_argument("--lr-schedule", choices=schedules.LR_SCHEDULES, default="none",
+                   help="staleness-adaptive step size: factor 1/(tau+1), exp(-beta tau), or "
+                        "TAIL-tau from the early staleness distribution")
+    g.add_argument("--tail-amplitude", type=_unit_float, default=1.0, metavar="A",
+                   help="tail: factor 1 + A (1 - 2 F(tau))")
     g = p.add_argument_group("output")
     g.add_argument("--out", default="results.json",
                    help="results JSON (config, status, per-epoch records), written atomically")
@@ -133,9 +174,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.threads > MAX_THREADS:
         raise UsageError(f"--threads {args.threads} is more than {MAX_THREADS}; "
                          "use at most a few times the number of cores")
-    if args.algo == "sequential" and args.threads != 1:
-        raise UsageError("--algo sequential runs one thread; pick --algo sync, async, "
-                         "hogwild or interval for --threads > 1")
     if args.seed < 0:
         raise UsageError(f"--seed must be >= 0, got {args.seed}")
     out_dir = Path(args.out).resolve().parent
@@ -147,6 +185,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         raise UsageError(f"--out {args.out} is a directory; give a file name")
     if args.archive is not None and not Path(args.archive).exists():
         raise UsageError(f"--archive {args.archive}: no such file or directory")
+    try:
+        train_config(args).check()
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     return args
 
 
@@ -161,10 +203,8 @@ def run_config(args: argparse.Namespace) -> dict:
 
 
 def train_config(args: argparse.Namespace) -> engine.TrainConfig:
-    return engine.TrainConfig(batch_size=args.batch_size, lr=args.lr, momentum=args.momentum,
-                              epochs=args.epochs, time_budget=args.time_budget,
-                              seed=args.seed, algo=args.algo, threads=args.threads,
-                              interval=args.interval, gate=args.gate)
+    names = {f.name for f in dataclasses.fields(engine.TrainConfig)}
+    return engine.TrainConfig(**{k: v for k, v in vars(args).items() if k in names})
 
 
 class Display:
@@ -195,6 +235,8 @@ class Display:
         parts = [f"{live.updates_per_s:,.0f} upd/s"]
         if live.y is not None:
             parts.append(f"y={live.y}")
+        if live.m is not None:
+            parts.append(f"m={live.m}")
         parts.append(f"mean tau {live.mean_tau:.2f}")
         self.bar.set_postfix_str(", ".join(parts), refresh=False)
         self.bar.update(samples_done - self._done)

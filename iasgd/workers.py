@@ -21,10 +21,11 @@ from iasgd.atomics import atomic_add, atomic_cas, atomic_load, monotonic_ns
 HOGWILD, ASYNC, INTERVAL, SYNC = 0, 1, 2, 3
 
 # Columns of a worker's int64 counter row (rows padded to a cache line multiple).
-COMPUTED, APPLIED, DROPPED, TAU_SUM, TAU_MAX, WAIT_NS, STEPS_NS = range(7)
+COMPUTED, APPLIED, DROPPED, TAU_SUM, TAU_MAX, WAIT_NS, STEPS_NS, VIOLATIONS = range(8)
 COUNTER_COLUMNS = 16
-# Slots of the shared `probe` array: steps running right now, and their maximum.
-ACTIVE, ACTIVE_MAX = 0, 1
+# Slots of the shared `probe` array: steps running right now, their maximum,
+# and the losses written into the loss ring so far.
+ACTIVE, ACTIVE_MAX, LOSS_POS = 0, 1, 2
 
 jit = nb.njit(nogil=True, cache=True)
 
@@ -57,19 +58,22 @@ def _leave_step(probe):
 
 
 @jit
-def _record(counters, hist, losses, epoch, tau, loss):
+def _record(counters, hist, losses, epoch, tau, loss, probe, ring):
+    """Account one applied gradient; its loss also goes into the shared ring
+    that the loss monitor reads."""
     counters[APPLIED] += 1
     counters[TAU_SUM] += tau
     counters[TAU_MAX] = max(counters[TAU_MAX], tau)
     hist[epoch, min(tau, hist.shape[1] - 1)] += 1
     losses[epoch] += loss
+    ring[atomic_add(probe, LOSS_POS, 1) % ring.size] = loss
 
 
 @jit
-def async_worker(algo, policy, state, probe, params, velocity, local, grad, acts, dacts,
+def async_worker(wid, algo, policy, state, probe, params, velocity, local, grad, acts, dacts,
                  argmax, batch_labels, idx, conv_plan, dense_plan, images, scale, shift,
-                 labels, lr, momentum, lr_factors, counters, hist, losses, epoch):
-    """One worker of hogwild, async (lock-based) or interval, for one epoch.
+                 labels, lr, momentum, lr_factors, counters, hist, losses, ring, epoch):
+    """Worker `wid` of hogwild, async (lock-based) or interval, for one epoch.
 
     state: the gate (iasgd.gate); params, velocity: shared (P,) float32;
     local: (P,) private copy (async reads a consistent snapshot into it);
@@ -77,13 +81,14 @@ def async_worker(algo, policy, state, probe, params, velocity, local, grad, acts
     images (M, D) uint8 -> images * scale + shift; labels (M,) int64;
     lr_factors: step-size factor by staleness (last entry for all larger tau);
     counters: this worker's row; hist: (epochs, bins) staleness histogram;
-    losses: (epochs,) sum of the losses of applied steps.
+    losses: (epochs,) sum of the losses of applied steps; ring: shared loss
+    ring. Workers wid >= the gate's M park (the adaptive thread count).
     """
     D = images.shape[1]
     n = idx.size
     x = acts[:n * D].reshape((n, D))
     t_start = monotonic_ns()
-    while G.take_ticket(state):
+    while G.park_while_inactive(state, wid) and G.take_ticket(state):
         gen = 0
         if algo == INTERVAL and policy == G.WAIT:
             t0 = monotonic_ns()
@@ -124,15 +129,19 @@ def async_worker(algo, policy, state, probe, params, velocity, local, grad, acts
         if algo == ASYNC:
             G.unlock(state)
         elif algo == INTERVAL:
+            # this update's interval is still the current one: check its bound
+            if tau > atomic_load(state, G.Y) - 1:
+                counters[VIOLATIONS] += 1
             G.finish_apply(state)
-        _record(counters, hist, losses, epoch, tau, loss)
+        _record(counters, hist, losses, epoch, tau, loss, probe, ring)
     counters[STEPS_NS] += monotonic_ns() - t_start
 
 
 @jit
 def sync_worker(wid, parties, count, state, probe, params, velocity, grads,
                 acts, dacts, argmax, batch_labels, idx, conv_plan, dense_plan, images,
-                scale, shift, labels, lr, momentum, counters, hist, losses, epoch, sense):
+                scale, shift, labels, lr, momentum, counters, hist, losses, ring, epoch,
+                sense):
     """One worker of synchronous parallel SGD, for one epoch of `count`
     gradients, in rounds: every worker computes a gradient on the same
     parameters into grads[wid] (the last round may use fewer workers), a
@@ -158,7 +167,7 @@ def sync_worker(wid, parties, count, state, probe, params, velocity, grads,
                                            dacts, argmax, batch_labels)
             _leave_step(probe)
             counters[COMPUTED] += 1
-            _record(counters, hist, losses, epoch, 0, loss)
+            _record(counters, hist, losses, epoch, 0, loss, probe, ring)
         t0 = monotonic_ns()
         sense[0] = 1 - sense[0]
         ok = G.barrier(state, parties, sense[0])

@@ -74,6 +74,22 @@ BAD = [
     (["--out", "/no/such/dir/r.json"], "does not exist"),
     (["--archive", "/no/such/archive.tar.gz"], "--archive"),
     (["--no-such-option"], "unrecognized"),
+    (["--threads", "100000"], "--threads 100000"),
+    (["--threads", "0"], "--threads"),
+    (["--threads", "4"], "--algo sequential runs one thread"),
+    (["--algo", "interval", "--interval", "0"], "--interval"),
+    (["--algo", "interval", "--gate", "maybe"], "--gate"),
+    (["--algo", "interval", "--interval-schedule", "decay", "--y0", "8", "--y-min", "9"],
+     "--y-min 9 is above --y0 8"),
+    (["--algo", "interval", "--interval-schedule", "probe", "--y0", "4", "--probe-offset", "2",
+      "--y-min", "7"], "lies wholly below --y-min"),
+    (["--algo", "hogwild", "--interval-schedule", "decay"], "applies to --algo interval only"),
+    (["--algo", "hogwild", "--threads", "4", "--m0", "5"], "--m0 5 must lie in"),
+    (["--algo", "sync", "--threads", "2", "--threads-schedule", "window"], "--threads-schedule"),
+    (["--algo", "sync", "--threads", "2", "--lr-schedule", "inverse"], "--lr-schedule"),
+    (["--tail-amplitude", "1.5"], "--tail-amplitude"),
+    (["--probe-loss-scale", "-1"], "--probe-loss-scale"),
+    (["--loss-window", "0"], "--loss-window"),
 ]
 
 

@@ -54,7 +54,8 @@ def check_accounting(result, cfg, quota):
             assert sum(record.staleness_hist) == quota
     if result.status == "completed":
         assert result.applied == cfg.epochs * quota
-    bound = cfg.staleness_bound
+    assert result.bound_violations == 0
+    bound = result.staleness_bound
     if bound is not None:
         assert result.staleness_max <= bound
         assert np.flatnonzero(hist).max() <= bound

@@ -1,0 +1,261 @@
+"""Controllers that move a knob while training, and the loss monitor they read.
+
+Every controller is plain Python with no threads and no clock of its own:
+`update(applied, now, loss, loss_first)` gets the number of applied updates,
+the training time in seconds, the smoothed loss and its value at the end of
+epoch 1 (None until then), and returns the knob's value from now on. The
+engine calls it a few dozen times a second and writes the value where the
+workers read it (the interval size into the gate's Y_NEXT, so it takes effect
+when the next interval opens; the thread count into the gate's M).
+
+Interval size y (ALGORITHMS.md, "Choosing y while training"):
+- Fixed:      y0 throughout.
+- Decay:      y = max(y_min, y0 - z * (applied // q)).
+- Probe:      alternate probe phases (y + W, y + W - S, ..., y - W, P updates
+              each, loss slope of each measured) and execute phases (the
+              steepest descent's y for X updates); each new window is centred
+              on the last choice, scaled by s = L * loss / loss_first + (1 - L).
+- FollowLoss: y = max(y_min, round(y0 * ((1 - c) * loss / loss_first + c))),
+              c = x0 / (x0 - 1).
+Thread count m: Window probes m over w values top-down, then executes the best.
+
+Staleness-adaptive step size: `lr_factors` gives the factor for each tau.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+INTERVAL_SCHEDULES = ("fixed", "decay", "probe", "follow-loss")
+THREAD_SCHEDULES = ("fixed", "window")
+LR_SCHEDULES = ("none", "inverse", "fleet", "tail")
+
+
+# -------------------------------------------------------------- loss monitor
+
+
+class LossMonitor:
+    """Smoothed training loss from a ring buffer that workers fill.
+
+    Workers write each applied step's loss at ring[pos % size] with pos from
+    an atomic counter (iasgd.workers); this class only reads, so it never
+    stops them. `window_mean()` is the mean of the last `size` losses (fewer
+    at the start); `ema()` an exponential moving average with weight `alpha`
+    per step over the losses written since the previous call.
+    """
+
+    def __init__(self, size: int, alpha: float = 0.001):
+        if size < 1:
+            raise ValueError(f"loss window must be >= 1 step, got {size}")
+        self.ring = np.zeros(size, np.float64)
+        self.alpha = alpha
+        self._ema: float | None = None
+        self._ema_pos = 0
+
+    def window_mean(self, pos: int) -> float | None:
+        """Mean of the last min(pos, size) losses; pos = losses written so far."""
+        count = min(pos, self.ring.size)
+        if count == 0:
+            return None
+        return float(self.ring[:count].mean()) if pos < self.ring.size else float(self.ring.mean())
+
+    def ema(self, pos: int) -> float | None:
+        """Fold the losses written since the last call into the moving average."""
+        first = max(self._ema_pos, pos - self.ring.size)  # older ones are overwritten
+        for p in range(first, pos):
+            x = float(self.ring[p % self.ring.size])
+            self._ema = x if self._ema is None else (1 - self.alpha) * self._ema + self.alpha * x
+        self._ema_pos = pos
+        return self._ema
+
+
+# ------------------------------------------------------------ interval size
+
+
+@dataclass
+class Fixed:
+    value: int
+
+    def update(self, applied: int, now: float, loss: float | None,
+               loss_first: float | None) -> int:
+        return self.value
+
+
+@dataclass
+class Decay:
+    """y = max(y_min, y0 - by * (applied // every))."""
+
+    y0: int
+    y_min: int = 4
+    every: int = 4096
+    by: int = 1
+    value: int = 0
+
+    def __post_init__(self) -> None:
+        self.value = self.y0
+
+    def update(self, applied: int, now: float, loss: float | None,
+               loss_first: float | None) -> int:
+        self.value = max(self.y_min, self.y0 - self.by * (applied // self.every))
+        return self.value
+
+
+@dataclass
+class FollowLoss:
+    """y falls linearly with the loss, reaching 0 at x0 * loss_first."""
+
+    y0: int = 512
+    y_min: int = 4
+    x0: float = 0.2
+    value: int = 0
+
+    def __post_init__(self) -> None:
+        self.value = self.y0
+
+    def update(self, applied: int, now: float, loss: float | None,
+               loss_first: float | None) -> int:
+        if loss is None or not loss_first:
+            self.value = self.y0
+        else:
+            c = self.x0 / (self.x0 - 1)
+            self.value = max(self.y_min, round(self.y0 * ((1 - c) * loss / loss_first + c)))
+        return self.value
+
+
+@dataclass
+class WindowProbe:
+    """Alternate probe and execute phases over an integer knob.
+
+    A probe phase tries `candidates(centre, offset, step)` in order, each for
+    `probe_steps` applied updates, and measures each one's loss slope (loss
+    change per second). The execute phase then runs the steepest descent's
+    value for `exec_steps` updates, and the next probe window is centred on
+    it, its offset and step scaled by s = L * loss / loss_first + (1 - L).
+    """
+
+    start: int
+    offset: int
+    step: int
+    probe_steps: int
+    exec_steps: int
+    loss_scale: float
+    low: int  # values below are clipped, and end the probe phase
+    high: int | None = None  # values above are clipped (the thread count)
+    log: list[dict] = field(default_factory=list)
+    value: int = 0
+
+    def __post_init__(self) -> None:
+        self.centre = self.start
+        self.queue = self.candidates(self.start, self.offset, self.step)
+        self.results: list[tuple[float, int]] = []  # (slope, value) of this phase
+        self.mark: tuple[int, float, float | None] | None = None  # start of the current phase
+        self.executing_until: int | None = None
+        self.value = self.queue[0]
+
+    def candidates(self, centre: int, offset: int, step: int) -> list[int]:
+        """centre + offset, centre + offset - step, ... down to centre - offset;
+        clipped to [low, high], the first value at or below `low` last."""
+        values: list[int] = []
+        v = centre + offset
+        while v >= centre - offset:
+            clipped = min(v, self.high) if self.high is not None else v
+            clipped = max(clipped, self.low)
+            if not values or values[-1] != clipped:
+                values.append(clipped)
+            if clipped <= self.low:
+                break
+            v -= step
+        return values
+
+    def update(self, applied: int, now: float, loss: float | None,
+               loss_first: float | None) -> int:
+        if self.mark is None:
+            self.mark = (applied, now, loss)
+            return self.value
+        if self.executing_until is not None:
+            if applied >= self.executing_until:
+                self._start_probe_phase(applied, now, loss, loss_first)
+            return self.value
+        start_applied, start_t, start_loss = self.mark
+        if applied - start_applied < self.probe_steps:
+            return self.value
+        slope = _slope(start_loss, loss, now - start_t)
+        self.results.append((slope, self.value))
+        self.log.append({"t_s": now, "applied": applied, "value": self.value,
+                         "slope": slope})
+        self.queue.pop(0)
+        self.mark = (applied, now, loss)
+        if self.queue:
+            self.value = self.queue[0]
+        else:
+            self._execute_best(applied, now)
+        return self.value
+
+    def _execute_best(self, applied: int, now: float) -> None:
+        _, best = min(self.results, key=lambda r: (r[0], -r[1]))
+        self.log.append({"t_s": now, "applied": applied, "chosen": best})
+        self.value = self.centre = best
+        self.executing_until = applied + self.exec_steps
+        self.results = []
+
+    def _start_probe_phase(self, applied: int, now: float, loss: float | None,
+                           loss_first: float | None) -> None:
+        s = 1.0
+        if loss is not None and loss_first:
+            s = self.loss_scale * loss / loss_first + (1 - self.loss_scale)
+        step = max(1, round(self.step * s))
+        offset = max(step, round(self.offset * s))
+        self.queue = self.candidates(self.centre, offset, step)
+        self.value = self.queue[0]
+        self.executing_until = None
+        self.mark = (applied, now, loss)
+
+
+def _slope(start: float | None, end: float | None, seconds: float) -> float:
+    """Loss change per second; +inf when unknown (so it is never chosen)."""
+    if start is None or end is None or seconds <= 0 or not math.isfinite(end - start):
+        return math.inf
+    return (end - start) / seconds
+
+
+def thread_window(n: int, m0: int, window: int, probe_steps: int,
+                  exec_steps: int) -> WindowProbe:
+    """The elastic thread-count controller: `window` values of m, top down
+    from the centre, clipped to [1, n]."""
+    half = window // 2
+    return WindowProbe(start=m0, offset=half, step=1, probe_steps=probe_steps,
+                       exec_steps=exec_steps, loss_scale=0.0, low=1, high=n)
+
+
+# --------------------------------------------------------- step size by tau
+
+
+def lr_factors(schedule: str, bins: int, threads: int, amplitude: float = 1.0,
+               staleness_sample: np.ndarray | None = None) -> np.ndarray:
+    """Step-size factor for tau = 0 .. bins-1 (the last entry serves larger tau).
+
+    inverse: 1 / (tau + 1); fleet: exp(-beta tau), beta = 2/(n+1) ln(1 + (n+1)/2);
+    tail: 1 + A (1 - 2 F(tau)), F the CDF of `staleness_sample` (a histogram).
+    """
+    tau = np.arange(bins, dtype=np.float64)
+    if schedule == "none":
+        factors = np.ones(bins)
+    elif schedule == "inverse":
+        factors = 1.0 / (tau + 1.0)
+    elif schedule == "fleet":
+        beta = 2.0 / (threads + 1) * math.log(1 + (threads + 1) / 2)
+        factors = np.exp(-beta * tau)
+    elif schedule == "tail":
+        if staleness_sample is None or staleness_sample.sum() == 0:
+            factors = np.ones(bins)
+        else:
+            hist = np.zeros(bins)
+            hist[: min(bins, staleness_sample.size)] = staleness_sample[:bins]
+            cdf = np.cumsum(hist) / hist.sum()
+            factors = 1.0 + amplitude * (1.0 - 2.0 * cdf)
+    else:
+        raise ValueError(f"unknown lr schedule {schedule!r}; choose from {', '.join(LR_SCHEDULES)}")
+    return factors.astype(np.float32)

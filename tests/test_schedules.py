@@ -1,0 +1,205 @@
+"""Controllers without threads, fed synthetic losses and a fake clock; step-size
+factors against their formulas; then real runs where y and m move."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from iasgd import data as datasets
+from iasgd import engine, models
+from iasgd import schedules as S
+
+# ------------------------------------------------------------ loss monitor
+
+
+def test_window_mean_covers_the_last_entries_across_wraparound():
+    mon = S.LossMonitor(size=4)
+    assert mon.window_mean(0) is None
+    for pos, loss in enumerate([1.0, 2.0, 3.0, 4.0, 5.0, 6.0]):
+        mon.ring[pos % 4] = loss  # what workers do
+        assert mon.window_mean(pos + 1) == pytest.approx(
+            np.mean([1.0, 2.0, 3.0, 4.0, 5.0, 6.0][max(0, pos - 3):pos + 1]))
+
+
+def test_ema_folds_in_only_new_losses():
+    mon = S.LossMonitor(size=8, alpha=0.5)
+    for pos, loss in enumerate([4.0, 2.0]):
+        mon.ring[pos] = loss
+    assert mon.ema(2) == pytest.approx(0.5 * 4 + 0.5 * 2)
+    mon.ring[2] = 1.0
+    assert mon.ema(3) == pytest.approx(0.5 * 3 + 0.5 * 1)
+    assert mon.ema(3) == pytest.approx(2.0)  # nothing new: unchanged
+
+
+# ---------------------------------------------------------------- schedules
+
+
+def test_decay_reaches_y_min_on_schedule():
+    d = S.Decay(y0=20, y_min=4, every=100, by=3)
+    assert [d.update(a, 0.0, None, None) for a in (0, 99, 100, 250, 500, 10**6)] == \
+        [20, 20, 17, 14, 5, 4]
+
+
+def test_follow_loss_follows_its_formula():
+    f = S.FollowLoss(y0=512, y_min=4, x0=0.2)
+    assert f.update(0, 0.0, 2.0, None) == 512  # before loss_first is known
+    c = 0.2 / (0.2 - 1)
+    for ratio in (1.0, 0.8, 0.5, 0.3):
+        want = max(4, round(512 * ((1 - c) * ratio + c)))
+        assert f.update(0, 0.0, 2.0 * ratio, 2.0) == want
+    assert f.update(0, 0.0, 2.0 * 0.2, 2.0) == 4  # y would be 0: clipped at y_min
+    assert f.update(0, 0.0, 2.0 * 0.6, 2.0) == 256  # linear: half way at 0.6
+
+
+def drive(controller, slope_of, steps_per_tick=64, ticks=2000, loss_first=None,
+          loss_level=lambda applied: 1.0):
+    """Feed a controller a loss that falls at slope_of(value) per second, one
+    second per tick; returns the values it used, one per tick."""
+    loss, used = 10.0, []
+    for tick in range(ticks):
+        applied = tick * steps_per_tick
+        value = controller.update(applied, float(tick), loss * loss_level(applied), loss_first)
+        used.append(value)
+        loss += slope_of(value)
+    return used
+
+
+def test_probe_picks_the_steepest_slope_and_executes_it():
+    p = S.WindowProbe(start=32, offset=16, step=4, probe_steps=128, exec_steps=1024,
+                      loss_scale=0.9, low=4)
+    assert p.queue == [48, 44, 40, 36, 32, 28, 24, 20, 16]
+    used = drive(p, slope_of=lambda y: -1.0 / (1 + abs(y - 24)), ticks=60)
+    chosen = [e["chosen"] for e in p.log if "chosen" in e]
+    assert chosen[0] == 24
+    first_phase = [e for e in p.log if "value" in e][:9]
+    slopes = {e["value"]: e["slope"] for e in first_phase}
+    assert set(slopes) == {48, 44, 40, 36, 32, 28, 24, 20, 16}
+    assert min(slopes, key=slopes.get) == 24
+    # each probed value held for probe_steps updates (2 ticks of 64), then 24 for exec
+    first_exec = used.index(24, used.index(20))
+    assert used[first_exec:first_exec + 1024 // 64] == [24] * 16
+
+
+def test_probe_clips_at_y_min_and_ends_the_phase_there():
+    p = S.WindowProbe(start=8, offset=16, step=4, probe_steps=64, exec_steps=512,
+                      loss_scale=0.9, low=4)
+    assert p.queue == [24, 20, 16, 12, 8, 4]
+
+
+def test_probe_recentres_and_narrows_as_the_loss_falls():
+    p = S.WindowProbe(start=64, offset=16, step=4, probe_steps=1, exec_steps=1,
+                      loss_scale=0.9, low=4)
+    loss, applied = 30.0, 0
+    p.update(applied, 0.0, loss, 50.0)
+    for _ in range(9):  # one probe per update; the loss falls fastest at y = 56
+        applied += 1
+        loss -= 1.0 / (1 + abs(p.value - 56))
+        p.update(applied, float(applied), loss, 50.0)
+    assert p.log[-1] == {"t_s": 9.0, "applied": 9, "chosen": 56}
+    p.update(10, 10.0, 10.0, 50.0)  # execute phase over, loss at 20 % of loss_first
+    s = 0.9 * 10.0 / 50.0 + 0.1
+    step, offset = max(1, round(4 * s)), max(1, round(16 * s))
+    assert (step, offset) == (1, 4)
+    assert p.queue == [60, 59, 58, 57, 56, 55, 54, 53, 52]  # narrower, centred on 56
+    assert p.value == 60
+
+
+def test_thread_window_moves_top_down_and_recentres():
+    w = S.thread_window(n=8, m0=8, window=4, probe_steps=64, exec_steps=256)
+    assert w.queue == [8, 7, 6]  # 8 + 2 clipped to n, down to 8 - 2
+    drive(w, slope_of=lambda m: -1.0 / (1 + abs(m - 6)), ticks=30)
+    chosen = [e["chosen"] for e in w.log if "chosen" in e]
+    assert chosen[0] == 6
+    probed_after = [e["value"] for e in w.log if "value" in e][3:6]
+    assert probed_after == [8, 7, 6]  # window around 6: 8, 7, 6, 5, 4
+    assert S.thread_window(n=3, m0=1, window=4, probe_steps=1, exec_steps=1).queue == [3, 2, 1]
+
+
+def test_a_probe_with_unknown_loss_is_never_chosen():
+    p = S.WindowProbe(start=8, offset=4, step=4, probe_steps=1, exec_steps=10,
+                      loss_scale=0.9, low=4)
+    p.update(0, 0.0, None, None)
+    p.update(1, 1.0, None, None)  # slope unknown: inf
+    p.update(2, 2.0, 5.0, None)
+    p.update(3, 3.0, 4.0, None)  # slope -1
+    assert next(e for e in p.log if "chosen" in e)["chosen"] == 4
+
+
+# -------------------------------------------------------- step-size factors
+
+
+def test_lr_factors_match_their_formulas():
+    tau = np.arange(50)
+    np.testing.assert_allclose(S.lr_factors("none", 50, 8), 1.0)
+    np.testing.assert_allclose(S.lr_factors("inverse", 50, 8), 1 / (tau + 1), rtol=1e-6)
+    beta = 2 / 9 * math.log(1 + 9 / 2)
+    np.testing.assert_allclose(S.lr_factors("fleet", 50, 8), np.exp(-beta * tau), rtol=1e-6)
+
+
+def test_tail_factors_come_from_the_sample_cdf():
+    sample = np.array([10, 30, 40, 20])  # taus 0..3: CDF 0.1, 0.4, 0.8, 1.0
+    f = S.lr_factors("tail", 6, 8, amplitude=0.5, staleness_sample=sample)
+    cdf = np.array([0.1, 0.4, 0.8, 1.0, 1.0, 1.0])
+    np.testing.assert_allclose(f, 1 + 0.5 * (1 - 2 * cdf), rtol=1e-6)
+    assert f[0] > 1 > f[3]  # fresher than typical boosted, staler damped
+    np.testing.assert_allclose(S.lr_factors("tail", 6, 8, staleness_sample=None), 1.0)
+
+
+# ------------------------------------------------------- real runs, threads
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    data = datasets.synthetic(seed=1, n_train=4000, n_test=50, shape=(1, 4, 4), num_classes=2)
+    model = models.build("mlp", input_shape=(1, 4, 4), num_classes=2, hidden=(4,))
+    return model, data
+
+
+def test_changing_y_keeps_each_intervals_bound(tiny):
+    """32 threads, y decaying fast from 40 to 2: every interval's bound is its
+    own y - 1, which the workers check at every apply."""
+    model, data = tiny
+    cfg = engine.TrainConfig(algo="interval", threads=32, gate="wait", epochs=12,
+                             batch_size=4, interval_schedule="decay", y0=40, y_min=2,
+                             decay_every=300, decay_by=3)
+    result = engine.train(model, data, cfg)
+    assert result.bound_violations == 0
+    assert result.staleness_hist.sum() == result.applied == 12 * 1000
+    ys = [y for _, _, y in result.interval_trace]
+    assert ys[0] == 40 and ys[-1] == 2 and len(ys) >= 5
+    assert ys == sorted(ys, reverse=True)
+    assert result.staleness_bound == 39
+    assert result.staleness_max <= 39
+
+
+@pytest.fixture(scope="module")
+def lenet_data():
+    return datasets.synthetic(seed=0, n_train=3000, n_test=300)
+
+
+@pytest.mark.parametrize(("knobs", "trace"), [
+    ({"interval_schedule": "decay", "y0": 16, "decay_every": 50, "decay_by": 2}, "interval"),
+    ({"interval_schedule": "probe", "y0": 12, "probe_offset": 8, "probe_step": 4,
+      "probe_steps": 40, "exec_steps": 120}, "interval"),
+    ({"interval_schedule": "follow-loss", "y0": 64, "loss_window": 100}, "interval"),
+    ({"threads_schedule": "window", "window": 4, "probe_steps": 40, "exec_steps": 120},
+     "threads"),
+    ({"lr_schedule": "inverse"}, None),
+    ({"lr_schedule": "fleet"}, None),
+    ({"lr_schedule": "tail"}, None),
+])
+def test_each_schedule_trains_and_moves_its_knob(lenet_data, knobs, trace):
+    model = models.build("lenet", "synthetic")
+    cfg = engine.TrainConfig(algo="interval", threads=4, epochs=3, lr=0.02, **knobs)
+    result = engine.train(model, lenet_data, cfg)
+    losses = [e.train_loss for e in result.epochs]
+    assert losses[-1] < 0.5 * losses[0]
+    assert result.bound_violations == 0
+    if trace == "interval":
+        assert len({y for _, _, y in result.interval_trace}) > 1
+    elif trace == "threads":
+        assert len({m for _, _, m in result.threads_trace}) > 1
+        assert any("chosen" in e for e in result.probe_log)
