@@ -161,6 +161,7 @@ class RunResult:
     gil_fraction: float = 0.0  # of the workers' wall time spent in Python
     max_concurrent_steps: int = 1  # most workers seen inside the compiled step at once
     bound_violations: int = 0  # updates whose tau exceeded their interval's y - 1 (must be 0)
+    diverged_at: dict | None = None  # {epoch, step} of the first non-finite loss
     loss_first: float | None = None  # smoothed loss at the end of epoch 1
     interval_trace: list[list[float]] = field(default_factory=list)  # [t_s, applied, y]
     threads_trace: list[list[float]] = field(default_factory=list)  # [t_s, applied, m]
@@ -224,14 +225,20 @@ def train_sequential(model: Model, data: Dataset, cfg: TrainConfig,
         while step < steps:
             count = min(chunk, steps - step)
             t0 = time.perf_counter()
-            K.train_steps(params, velocity, ws.grad, ws.plan.conv, ws.plan.dense,
-                          ws.acts, ws.dacts, ws.argmax, ws.labels, images, *transform, labels,
-                          order, step, count, cfg.batch_size, cfg.lr, cfg.momentum, losses)
+            done = K.train_steps(params, velocity, ws.grad, ws.plan.conv, ws.plan.dense,
+                                 ws.acts, ws.dacts, ws.argmax, ws.labels, images, *transform,
+                                 labels, order, step, count, cfg.batch_size, cfg.lr,
+                                 cfg.momentum, losses)
             dt = time.perf_counter() - t0
             epoch_time += dt
-            step += count
+            step += done
+            if done < count or not K.all_finite(params):
+                result.status = "diverged"
+                result.diverged_at = {"epoch": epoch, "step": step + 1}
+                break
             chunk = max(1, int(count * CHUNK_SECONDS / max(dt, 1e-9)))
-            hooks.on_progress(min(step * cfg.batch_size, n_train), Live(y=1))
+            hooks.on_progress(min(step * cfg.batch_size, n_train),
+                              Live(updates_per_s=count / max(dt, 1e-9)))
             if _over_budget(cfg, result.train_time_s + epoch_time):
                 break
         samples = min(step * cfg.batch_size, n_train)
@@ -251,6 +258,8 @@ def train_sequential(model: Model, data: Dataset, cfg: TrainConfig,
         )
         result.epochs.append(record)
         hooks.on_epoch_end(record)
+        if result.status == "diverged":
+            break
         if _over_budget(cfg, result.train_time_s):
             result.status = "time_budget"
             break
@@ -315,7 +324,7 @@ class _Controllers:
                 G.set_active(team.state, m)
                 self.result.threads_trace.append([now, applied, m])
         if self.tail_sample_at is not None and applied >= self.tail_sample_at:
-            sample = team.hist.sum(axis=(0, 1))
+            sample = team.run_hist + team.hist.sum(axis=0)
             team.lr_factors[:] = S.lr_factors("tail", HIST_BINS, self.cfg.threads,
                                               self.cfg.tail_amplitude, sample)
             self.tail_sample_at = None
@@ -356,8 +365,11 @@ class _Team:
         self.senses = np.zeros((n, 1), np.int64)
         self.lr_factors = S.lr_factors(cfg.lr_schedule, HIST_BINS, n)  # tail: ones until sampled
         self.counters = np.zeros((n, W.COUNTER_COLUMNS), np.int64)
-        self.hist = np.zeros((n, cfg.epochs, HIST_BINS), np.int64)
-        self.losses = np.zeros((n, cfg.epochs), np.float64)
+        # this epoch's staleness histogram and loss sum of each worker, folded
+        # into run_hist and the epoch record when the epoch ends
+        self.hist = np.zeros((n, HIST_BINS), np.int64)
+        self.losses = np.zeros((n, 1), np.float64)
+        self.run_hist = np.zeros(HIST_BINS, np.int64)
         self.python_s = np.zeros(n)
         self.alive_s = np.zeros(n)
         self.errors: list[tuple[int, BaseException]] = []
@@ -416,13 +428,22 @@ class _Team:
             W.sync_worker(wid, cfg.threads, quota, self.state, self.probe, self.params,
                           self.velocity, self.grads, *common, cfg.lr, cfg.momentum,
                           self.counters[wid], self.hist[wid], self.losses[wid], self.ring,
-                          epoch, self.senses[wid])
+                          self.senses[wid])
         else:
             policy = G.WAIT if cfg.gate == "wait" else G.DROP
             W.async_worker(wid, _ALGO_CODES[cfg.algo], policy, self.state, self.probe,
                            self.params, self.velocity, self.local[wid], ws.grad, *common,
                            cfg.lr, cfg.momentum, self.lr_factors, self.counters[wid],
-                           self.hist[wid], self.losses[wid], self.ring, epoch)
+                           self.hist[wid], self.losses[wid], self.ring)
+
+    def end_epoch_stats(self) -> list[int]:
+        """Fold this epoch's per-worker histograms into the run's; reset them
+        and the loss sums for the next epoch. Returns the epoch's histogram."""
+        epoch_hist = self.hist.sum(axis=0)
+        self.run_hist += epoch_hist
+        self.hist[:] = 0
+        self.losses[:] = 0
+        return metrics.trimmed(epoch_hist)
 
     def total(self, column: int) -> int:
         return int(self.counters[:, column].sum())
@@ -453,6 +474,8 @@ def train_parallel(model: Model, data: Dataset, cfg: TrainConfig,
 
         def tick(t0: float = t0, applied_before: int = applied_before) -> bool:
             elapsed = time.perf_counter() - t0
+            if not K.all_finite(team.params):  # a loss can stay finite on dead units
+                G.mark_diverged(team.state)
             control.step(team, result.train_time_s + elapsed)
             done = team.total(W.APPLIED) - applied_before
             hooks.on_progress(done * cfg.batch_size, team.live(applied_before, elapsed))
@@ -462,21 +485,28 @@ def train_parallel(model: Model, data: Dataset, cfg: TrainConfig,
         team.run_epoch(epoch, quota, tick)
         epoch_time = time.perf_counter() - t0
         control.end_of_epoch(team, epoch)
+        if not K.all_finite(team.params):
+            G.mark_diverged(team.state)
         applied = team.total(W.APPLIED) - applied_before
         hooks.on_progress(applied * cfg.batch_size, team.live(applied_before, epoch_time))
         result.train_time_s += epoch_time
         result.samples += applied * cfg.batch_size
+        train_loss = float(team.losses.sum() / applied) if applied else float("nan")
         record = EpochRecord(
             epoch=epoch + 1,
-            train_loss=float(team.losses[:, epoch].sum() / max(applied, 1)),
+            train_loss=train_loss,
             test_accuracy=_test_accuracy(model, team.params, data, result),
             wall_s=result.train_time_s,
             samples_per_s=applied * cfg.batch_size / max(epoch_time, 1e-9),
             complete=applied == quota,
-            staleness_hist=metrics.trimmed(team.hist[:, epoch].sum(axis=0)),
+            staleness_hist=team.end_epoch_stats(),
         )
         result.epochs.append(record)
         hooks.on_epoch_end(record)
+        if team.state[G.DIVERGED]:
+            result.status = "diverged"
+            result.diverged_at = {"epoch": epoch + 1, "step": applied + 1}
+            break
         if G.stopped(team.state):
             result.status = "time_budget"
             break
@@ -496,7 +526,7 @@ def _collect_run_stats(team: _Team, result: RunResult) -> None:
     result.applied = team.total(W.APPLIED)
     result.dropped = team.total(W.DROPPED)
     result.intervals = int(team.state[G.INTERVALS])
-    result.staleness_hist = team.hist.sum(axis=(0, 1))
+    result.staleness_hist = team.run_hist
     result.staleness_max = int(team.counters[:, W.TAU_MAX].max())
     result.gate_wait_s = team.total(W.WAIT_NS) / 1e9
     result.gil_fraction = float(team.python_s.sum() / max(team.alive_s.sum(), 1e-9))

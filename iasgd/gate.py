@@ -57,7 +57,8 @@ OPENED = 12  # bumped whenever an interval opens or the run stops: sleepers wake
 SLEEPERS = 13  # workers asleep waiting for an interval to open
 M = 14  # workers allowed to run (the adaptive thread count); the others park
 M_CHANGED = 15  # bumped whenever M changes: parked workers wake on it
-STATE_SIZE = 16
+DIVERGED = 16  # nonzero: a worker met a non-finite loss (the run stops)
+STATE_SIZE = 24
 
 POLICIES = ("drop", "wait")
 DROP, WAIT = 0, 1
@@ -88,6 +89,12 @@ def stopped(state):
 def request_stop(state):
     atomic_store(state, STOP, 1)
     _wake_sleepers(state)
+
+
+@jit
+def mark_diverged(state):
+    atomic_store(state, DIVERGED, 1)
+    request_stop(state)
 
 
 @jit

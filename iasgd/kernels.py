@@ -393,6 +393,15 @@ def sgd_momentum_update(params, velocity, grad, lr, momentum):
 
 
 @jit
+def all_finite(values):
+    """True if no entry of the 1-d array is NaN or infinite."""
+    for i in range(values.size):  # noqa: SIM110 (numba compiles loops, not generators)
+        if not np.isfinite(values[i]):
+            return False
+    return True
+
+
+@jit
 def mean_rows(rows, count, lo, hi, out):
     """out[j] = mean of rows[:count, lo + j] for j < hi - lo (out may be a
     slice of one of those rows: each column is read before it is written)."""
@@ -515,7 +524,9 @@ def network_loss_and_grad(params, grad, conv_plan, dense_plan, acts, dacts, argm
 def train_steps(params, velocity, grad, conv_plan, dense_plan, acts, dacts, argmax,
                 batch_labels, images, scale, shift, labels, order, first_step, num_steps,
                 batch_size, lr, momentum, losses):
-    """Run num_steps of sequential mini-batch SGD with momentum.
+    """Run num_steps of sequential mini-batch SGD with momentum; returns the
+    number of steps applied, fewer if a loss is not finite (that step's update
+    is not applied: the run has diverged).
 
     Step s (from first_step) trains on images[order[s*b : (s+1)*b]] (the last
     batch of an epoch may be shorter), transformed to images * scale + shift.
@@ -535,7 +546,10 @@ def train_steps(params, velocity, grad, conv_plan, dense_plan, acts, dacts, argm
             bl[i] = labels[idx[i]]
         losses[s] = network_loss_and_grad(params, grad, conv_plan, dense_plan,
                                           acts, dacts, argmax, bl)
+        if not np.isfinite(losses[s]):
+            return s - first_step
         sgd_momentum_update(params, velocity, grad, lr, momentum)
+    return num_steps
 
 
 @jit

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import tempfile
@@ -57,6 +58,7 @@ def results_document(config: dict[str, Any], result: Any, num_params: int) -> di
     return {
         "config": config,
         "status": result.status,
+        "diverged_at": result.diverged_at,
         "num_params": num_params,
         "epochs": epochs,
         "train_time_s": result.train_time_s,
@@ -95,14 +97,26 @@ def trimmed(hist: np.ndarray) -> list[int]:
     return hist[: nonzero[-1] + 1].tolist() if nonzero.size else []
 
 
+def _json_safe(value: Any) -> Any:
+    """NaN and infinities become null: strict JSON that every tool reads."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value
+
+
 def write_json_atomic(path: str | Path, document: dict[str, Any]) -> None:
     """Write JSON to a temporary file beside `path`, then rename it into place,
-    so a reader never sees half a file and an old file survives a crash."""
+    so a reader never sees half a file and an old file survives a crash.
+    Non-finite numbers are written as null."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(document, f, indent=2, allow_nan=True)
+            json.dump(_json_safe(document), f, indent=2, allow_nan=False)
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())

@@ -20,6 +20,7 @@ from iasgd import engine, metrics, models, schedules
 
 EXIT_USAGE = 2
 EXIT_FAILED = 1
+EXIT_DIVERGED = 3
 MAX_THREADS = 1024  # far beyond any CPU this runs on; a typo guard
 
 
@@ -290,6 +291,12 @@ def main(argv: list[str] | None = None) -> int:
     display.say(f"staleness mean {st['mean']:.2f} max {st['max']} ({bound}); "
                 f"{document['applied']:,} of {document['computed']:,} gradients applied "
                 f"({100 * document['acceptance_rate']:.1f}%); results in {args.out}")
+    if result.diverged_at is not None:
+        where = result.diverged_at
+        print(f"iasgd: diverged at epoch {where['epoch']}, step {where['step']}: the loss is "
+              f"not finite; try a smaller --lr (it was {args.lr:g}); results so far in "
+              f"{args.out}", file=sys.stderr)
+        return EXIT_DIVERGED
     return 0
 
 

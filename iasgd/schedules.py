@@ -180,6 +180,9 @@ class WindowProbe:
                 self._start_probe_phase(applied, now, loss, loss_first)
             return self.value
         start_applied, start_t, start_loss = self.mark
+        if start_loss is None:  # no loss estimate yet: measure from the first one
+            self.mark = (applied, now, loss)
+            return self.value
         if applied - start_applied < self.probe_steps:
             return self.value
         slope = _slope(start_loss, loss, now - start_t)

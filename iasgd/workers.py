@@ -58,21 +58,21 @@ def _leave_step(probe):
 
 
 @jit
-def _record(counters, hist, losses, epoch, tau, loss, probe, ring):
+def _record(counters, hist, loss_sum, tau, loss, probe, ring):
     """Account one applied gradient; its loss also goes into the shared ring
     that the loss monitor reads."""
     counters[APPLIED] += 1
     counters[TAU_SUM] += tau
     counters[TAU_MAX] = max(counters[TAU_MAX], tau)
-    hist[epoch, min(tau, hist.shape[1] - 1)] += 1
-    losses[epoch] += loss
+    hist[min(tau, hist.size - 1)] += 1
+    loss_sum[0] += loss
     ring[atomic_add(probe, LOSS_POS, 1) % ring.size] = loss
 
 
 @jit
 def async_worker(wid, algo, policy, state, probe, params, velocity, local, grad, acts, dacts,
                  argmax, batch_labels, idx, conv_plan, dense_plan, images, scale, shift,
-                 labels, lr, momentum, lr_factors, counters, hist, losses, ring, epoch):
+                 labels, lr, momentum, lr_factors, counters, hist, loss_sum, ring):
     """Worker `wid` of hogwild, async (lock-based) or interval, for one epoch.
 
     state: the gate (iasgd.gate); params, velocity: shared (P,) float32;
@@ -80,9 +80,11 @@ def async_worker(wid, algo, policy, state, probe, params, velocity, local, grad,
     grad/acts/dacts/argmax/batch_labels/idx: this worker's workspace;
     images (M, D) uint8 -> images * scale + shift; labels (M,) int64;
     lr_factors: step-size factor by staleness (last entry for all larger tau);
-    counters: this worker's row; hist: (epochs, bins) staleness histogram;
-    losses: (epochs,) sum of the losses of applied steps; ring: shared loss
-    ring. Workers wid >= the gate's M park (the adaptive thread count).
+    counters: this worker's row; hist: (bins,) its staleness histogram of
+    this epoch; loss_sum: (1,) the sum of its applied steps' losses this
+    epoch; ring: shared loss ring. Workers wid >= the gate's M park (the
+    adaptive thread count). A non-finite loss is not applied: it marks the run
+    diverged and stops it.
     """
     D = images.shape[1]
     n = idx.size
@@ -117,6 +119,10 @@ def async_worker(wid, algo, policy, state, probe, params, velocity, local, grad,
                                        argmax, batch_labels)
         _leave_step(probe)
         counters[COMPUTED] += 1
+        if not np.isfinite(loss):
+            G.mark_diverged(state)
+            G.return_ticket(state)
+            break
         if algo == INTERVAL and policy == G.DROP and not G.claim_slot(state, gen):
             counters[DROPPED] += 1
             G.return_ticket(state)
@@ -133,15 +139,14 @@ def async_worker(wid, algo, policy, state, probe, params, velocity, local, grad,
             if tau > atomic_load(state, G.Y) - 1:
                 counters[VIOLATIONS] += 1
             G.finish_apply(state)
-        _record(counters, hist, losses, epoch, tau, loss, probe, ring)
+        _record(counters, hist, loss_sum, tau, loss, probe, ring)
     counters[STEPS_NS] += monotonic_ns() - t_start
 
 
 @jit
 def sync_worker(wid, parties, count, state, probe, params, velocity, grads,
                 acts, dacts, argmax, batch_labels, idx, conv_plan, dense_plan, images,
-                scale, shift, labels, lr, momentum, counters, hist, losses, ring, epoch,
-                sense):
+                scale, shift, labels, lr, momentum, counters, hist, loss_sum, ring, sense):
     """One worker of synchronous parallel SGD, for one epoch of `count`
     gradients, in rounds: every worker computes a gradient on the same
     parameters into grads[wid] (the last round may use fewer workers), a
@@ -167,7 +172,9 @@ def sync_worker(wid, parties, count, state, probe, params, velocity, grads,
                                            dacts, argmax, batch_labels)
             _leave_step(probe)
             counters[COMPUTED] += 1
-            _record(counters, hist, losses, epoch, 0, loss, probe, ring)
+            if not np.isfinite(loss):  # averaged in, it would poison every parameter
+                G.mark_diverged(state)
+            _record(counters, hist, loss_sum, 0, loss, probe, ring)
         t0 = monotonic_ns()
         sense[0] = 1 - sense[0]
         ok = G.barrier(state, parties, sense[0])

@@ -96,3 +96,21 @@ def test_lenet_on_5000_cifar10_images_beats_25_percent(tmp_path_factory):
     cfg = engine.TrainConfig(epochs=1, batch_size=8, lr=0.01, momentum=0.9)
     result = engine.train(model, subset, cfg)
     assert result.epochs[0].test_accuracy > 0.25
+
+
+@pytest.mark.parametrize("algo", ["sequential", "hogwild", "interval", "sync"])
+def test_divergence_stops_the_run_and_says_where(synthetic, algo):
+    model = models.build("lenet", "synthetic")
+    cfg = engine.TrainConfig(algo=algo, threads=1 if algo == "sequential" else 2, lr=80.0,
+                             epochs=3)
+    result = engine.train(model, synthetic, cfg)
+    assert result.status == "diverged"
+    assert result.diverged_at["step"] >= 1
+    assert len(result.epochs) == result.diverged_at["epoch"] < 3  # stopped there
+
+
+def test_nan_is_written_as_null(tmp_path):
+    path = tmp_path / "r.json"
+    metrics.write_json_atomic(path, {"a": float("nan"), "b": [1.0, float("inf")]})
+    assert path.read_text().split() == ["{", '"a":', "null,", '"b":', "[", "1.0,", "null", "]",
+                                        "}"]

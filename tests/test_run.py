@@ -44,6 +44,16 @@ def test_quiet_prints_nothing(tmp_path):
     assert proc.returncode == 0 and proc.stdout == "" and proc.stderr == ""
 
 
+def test_divergence_exits_3_and_keeps_the_results(tmp_path):
+    out = tmp_path / "r.json"
+    proc = cli("--dataset", "synthetic", "--lr", "80", "--quiet", "--out", str(out))
+    assert proc.returncode == 3
+    assert proc.stderr.count("\n") == 1 and "diverged at epoch 1" in proc.stderr
+    assert "smaller --lr" in proc.stderr
+    doc = json.loads(out.read_text())
+    assert doc["status"] == "diverged" and doc["diverged_at"]["epoch"] == 1
+
+
 def test_error_is_one_line_without_traceback(tmp_path):
     proc = cli("--batch-size", "0", "--out", str(tmp_path / "r.json"))
     assert proc.returncode == 2

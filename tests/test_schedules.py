@@ -118,14 +118,24 @@ def test_thread_window_moves_top_down_and_recentres():
     assert S.thread_window(n=3, m0=1, window=4, probe_steps=1, exec_steps=1).queue == [3, 2, 1]
 
 
-def test_a_probe_with_unknown_loss_is_never_chosen():
-    p = S.WindowProbe(start=8, offset=4, step=4, probe_steps=1, exec_steps=10,
+def test_a_probe_measures_from_the_first_loss_estimate():
+    p = S.WindowProbe(start=8, offset=4, step=4, probe_steps=2, exec_steps=10,
                       loss_scale=0.9, low=4)
     p.update(0, 0.0, None, None)
-    p.update(1, 1.0, None, None)  # slope unknown: inf
-    p.update(2, 2.0, 5.0, None)
-    p.update(3, 3.0, 4.0, None)  # slope -1
-    assert next(e for e in p.log if "chosen" in e)["chosen"] == 4
+    p.update(5, 1.0, None, None)  # still no estimate: the probe has not started
+    p.update(6, 2.0, 5.0, None)  # the first estimate: the probe of 12 starts here
+    p.update(8, 4.0, 4.0, None)
+    assert p.log[0] == {"t_s": 4.0, "applied": 8, "value": 12, "slope": -0.5}
+
+
+def test_an_unmeasurable_probe_is_never_chosen():
+    p = S.WindowProbe(start=8, offset=4, step=4, probe_steps=1, exec_steps=10,
+                      loss_scale=0.9, low=4)
+    p.update(0, 0.0, 5.0, None)
+    p.update(1, 0.0, 4.0, None)  # no time passed: slope unknown (inf)
+    p.update(2, 1.0, 3.0, None)  # slope -1
+    p.update(3, 2.0, 2.9, None)  # slope -0.1
+    assert next(e for e in p.log if "chosen" in e)["chosen"] == 8
 
 
 # -------------------------------------------------------- step-size factors
