@@ -18,7 +18,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -180,11 +180,38 @@ class Live:
 
 @dataclass
 class Hooks:
-    """Callbacks for the display; all optional."""
+    """Callbacks of a run; all optional. should_stop is polled several times a
+    second and returns a reason (the run's status, e.g. "interrupted") to stop
+    at the workers' next step; on_checkpoint receives a Snapshot every
+    `checkpoint_every` epochs and when the run is stopped that way."""
 
     on_epoch_start: Callable[[int, int], None] = lambda epoch, num_samples: None
     on_progress: Callable[[int, Live], None] = lambda samples_done, live: None
     on_epoch_end: Callable[[EpochRecord], None] = lambda record: None
+    should_stop: Callable[[], str | None] = lambda: None
+    on_checkpoint: Callable[[Snapshot], None] = lambda snapshot: None
+
+
+@dataclass
+class Snapshot:
+    """Everything needed to continue a run: arrays, and JSON-able metadata
+    (position, random states, controller state, results so far)."""
+
+    arrays: dict[str, np.ndarray]
+    meta: dict
+
+
+def _result_meta(result: RunResult) -> dict:
+    """The JSON-able part of a RunResult (params and histogram are arrays)."""
+    meta = {k: v for k, v in vars(result).items() if k not in ("params", "staleness_hist")}
+    meta["epochs"] = [asdict(e) for e in result.epochs]
+    return meta
+
+
+def _restore_result(meta: dict, params: np.ndarray, hist: np.ndarray) -> RunResult:
+    fields = dict(meta)
+    fields["epochs"] = [EpochRecord(**e) for e in fields["epochs"]]
+    return RunResult(**fields, params=params, staleness_hist=hist)
 
 
 def shuffle_streams(seed: int) -> np.random.Generator:
@@ -196,74 +223,114 @@ def steps_per_epoch(n_train: int, batch_size: int) -> int:
     return math.ceil(n_train / batch_size)
 
 
-def train_sequential(model: Model, data: Dataset, cfg: TrainConfig,
-                     hooks: Hooks | None = None) -> RunResult:
-    """Plain mini-batch SGD with momentum on one thread (see module doc)."""
-    hooks = hooks or Hooks()
-    params = model.init(cfg.seed)
-    velocity = np.zeros_like(params)
-    ws = model.workspace(cfg.batch_size)
-    images = data.x_train.reshape(data.x_train.shape[0], -1)
-    labels = data.y_train
-    transform = model.image_transform
-    n_train = images.shape[0]
-    steps = steps_per_epoch(n_train, cfg.batch_size)
-    losses = np.zeros(steps, np.float64)
-    rng = shuffle_streams(cfg.seed)
-    result = RunResult(status="completed", params=params)
-    chunk = 16  # grows to about CHUNK_SECONDS of work after the first call
-    # Load (or compile) the kernels before the clock starts: zero steps.
-    K.train_steps(params, velocity, ws.grad, ws.plan.conv, ws.plan.dense, ws.acts, ws.dacts,
-                  ws.argmax, ws.labels, images, *transform, labels,
-                  np.arange(n_train, dtype=np.int64),
-                  0, 0, cfg.batch_size, cfg.lr, cfg.momentum, losses)
+class _SequentialRun:
+    """Plain mini-batch SGD with momentum on one thread (see module doc). Its
+    snapshot holds the position inside the epoch, so an interrupted run
+    resumes bit-identically."""
 
-    for epoch in range(1, cfg.epochs + 1):
-        order = rng.permutation(n_train).astype(np.int64)
-        hooks.on_epoch_start(epoch, n_train)
-        epoch_time, step = 0.0, 0
-        while step < steps:
-            count = min(chunk, steps - step)
-            t0 = time.perf_counter()
-            done = K.train_steps(params, velocity, ws.grad, ws.plan.conv, ws.plan.dense,
-                                 ws.acts, ws.dacts, ws.argmax, ws.labels, images, *transform,
-                                 labels, order, step, count, cfg.batch_size, cfg.lr,
-                                 cfg.momentum, losses)
-            dt = time.perf_counter() - t0
-            epoch_time += dt
-            step += done
-            if done < count or not K.all_finite(params):
-                result.status = "diverged"
-                result.diverged_at = {"epoch": epoch, "step": step + 1}
-                break
-            chunk = max(1, int(count * CHUNK_SECONDS / max(dt, 1e-9)))
-            hooks.on_progress(min(step * cfg.batch_size, n_train),
-                              Live(updates_per_s=count / max(dt, 1e-9)))
-            if _over_budget(cfg, result.train_time_s + epoch_time):
-                break
-        samples = min(step * cfg.batch_size, n_train)
-        result.train_time_s += epoch_time
-        result.samples += samples
-        result.computed += step
-        result.applied += step
-        result.staleness_hist[0] += step
+    def __init__(self, model: Model, data: Dataset, cfg: TrainConfig,
+                 resume: Snapshot | None = None):
+        self.model, self.data, self.cfg = model, data, cfg
+        self.images = data.x_train.reshape(data.x_train.shape[0], -1)
+        self.steps = steps_per_epoch(self.images.shape[0], cfg.batch_size)
+        self.ws = model.workspace(cfg.batch_size)
+        self.rng = shuffle_streams(cfg.seed)
+        if resume is None:
+            params = model.init(cfg.seed)
+            self.velocity = np.zeros_like(params)
+            self.losses = np.zeros(self.steps, np.float64)
+            self.order: np.ndarray | None = None  # this epoch's permutation, once drawn
+            self.epoch, self.step, self.epoch_time = 1, 0, 0.0
+            self.result = RunResult(status="completed", params=params)
+        else:
+            a, meta = resume.arrays, resume.meta
+            self.velocity, self.losses = a["velocity"], a["losses"]
+            self.order = a["order"] if meta["in_epoch"] else None
+            self.epoch, self.step, self.epoch_time = meta["epoch"], meta["step"], meta["epoch_time"]
+            self.rng.bit_generator.state = meta["rng"]
+            self.result = _restore_result(meta["result"], a["params"], a["staleness_hist"])
+            self.result.status = "completed"
+
+    def snapshot(self) -> Snapshot:
+        r = self.result
+        arrays = {"params": r.params, "velocity": self.velocity, "losses": self.losses,
+                  "staleness_hist": r.staleness_hist,
+                  "order": self.order if self.order is not None else np.zeros(0, np.int64)}
+        meta = {"epoch": self.epoch, "step": self.step, "epoch_time": self.epoch_time,
+                "in_epoch": self.order is not None, "rng": self.rng.bit_generator.state,
+                "result": _result_meta(r)}
+        return Snapshot(arrays, meta)
+
+    def run(self, hooks: Hooks, checkpoint_every: int = 0) -> RunResult:
+        cfg, r, ws = self.cfg, self.result, self.ws
+        n_train = self.images.shape[0]
+        transform = self.model.image_transform
+        labels = self.data.y_train
+        chunk = 16  # grows to about CHUNK_SECONDS of work after the first call
+        # Load (or compile) the kernels before the clock starts: zero steps.
+        K.train_steps(r.params, self.velocity, ws.grad, ws.plan.conv, ws.plan.dense, ws.acts,
+                      ws.dacts, ws.argmax, ws.labels, self.images, *transform, labels,
+                      np.arange(n_train, dtype=np.int64), 0, 0, cfg.batch_size, cfg.lr,
+                      cfg.momentum, self.losses)
+        while self.epoch <= cfg.epochs:
+            if self.order is None:
+                self.order = self.rng.permutation(n_train).astype(np.int64)
+                self.step, self.epoch_time = 0, 0.0
+            hooks.on_epoch_start(self.epoch, n_train)
+            while self.step < self.steps:
+                count = min(chunk, self.steps - self.step)
+                t0 = time.perf_counter()
+                done = K.train_steps(r.params, self.velocity, ws.grad, ws.plan.conv,
+                                     ws.plan.dense, ws.acts, ws.dacts, ws.argmax, ws.labels,
+                                     self.images, *transform, labels, self.order, self.step,
+                                     count, cfg.batch_size, cfg.lr, cfg.momentum, self.losses)
+                dt = time.perf_counter() - t0
+                self.epoch_time += dt
+                self.step += done
+                if done < count or not K.all_finite(r.params):
+                    r.status = "diverged"
+                    r.diverged_at = {"epoch": self.epoch, "step": self.step + 1}
+                    break
+                chunk = max(1, int(count * CHUNK_SECONDS / max(dt, 1e-9)))
+                hooks.on_progress(min(self.step * cfg.batch_size, n_train),
+                                  Live(updates_per_s=count / max(dt, 1e-9)))
+                if _over_budget(cfg, r.train_time_s + self.epoch_time):
+                    r.status = "time_budget"
+                    break
+                reason = hooks.should_stop()
+                if reason:
+                    r.status = reason
+                    break
+            if r.status not in ("completed", "time_budget", "diverged"):
+                hooks.on_checkpoint(self.snapshot())  # mid-epoch: resume continues here
+                return r
+            self._record_epoch(hooks)
+            if r.status != "completed":
+                return r
+            self.order, self.epoch = None, self.epoch + 1
+            if checkpoint_every and (self.epoch - 1) % checkpoint_every == 0:
+                hooks.on_checkpoint(self.snapshot())
+        return r
+
+    def _record_epoch(self, hooks: Hooks) -> None:
+        cfg, r, step = self.cfg, self.result, self.step
+        samples = min(step * cfg.batch_size, self.images.shape[0])
+        r.train_time_s += self.epoch_time
+        r.samples += samples
+        r.computed += step
+        r.applied += step
+        r.staleness_hist[0] += step
         record = EpochRecord(
-            epoch=epoch,
-            train_loss=metrics.mean_step_loss(losses[:step], cfg.batch_size, samples),
-            test_accuracy=_test_accuracy(model, params, data, result),
-            wall_s=result.train_time_s,
-            samples_per_s=samples / max(epoch_time, 1e-9),
-            complete=step == steps,
+            epoch=self.epoch,
+            train_loss=metrics.mean_step_loss(self.losses[:step], cfg.batch_size, samples),
+            test_accuracy=_test_accuracy(self.model, r.params, self.data, r),
+            wall_s=r.train_time_s,
+            samples_per_s=samples / max(self.epoch_time, 1e-9),
+            complete=step == self.steps,
             staleness_hist=[step],
         )
-        result.epochs.append(record)
+        r.epochs.append(record)
         hooks.on_epoch_end(record)
-        if result.status == "diverged":
-            break
-        if _over_budget(cfg, result.train_time_s):
-            result.status = "time_budget"
-            break
-    return result
 
 
 def _over_budget(cfg: TrainConfig, seconds: float) -> bool:
@@ -329,15 +396,28 @@ class _Controllers:
                                               self.cfg.tail_amplitude, sample)
             self.tail_sample_at = None
 
-    def end_of_epoch(self, team: _Team, epoch: int) -> None:
-        if epoch == 0:
-            self.result.loss_first = self.monitor.window_mean(int(team.probe[W.LOSS_POS]))
+    def end_of_first_epoch(self, team: _Team) -> None:
+        self.result.loss_first = self.monitor.window_mean(int(team.probe[W.LOSS_POS]))
 
     def logs(self) -> None:
-        for controller in (self.y, self.m):
-            if isinstance(controller, S.WindowProbe):
-                kind = "interval" if controller is self.y else "threads"
-                self.result.probe_log += [{"knob": kind, **entry} for entry in controller.log]
+        """The probe logs so far, into the result."""
+        self.result.probe_log = [
+            {"knob": kind, **entry}
+            for kind, controller in (("interval", self.y), ("threads", self.m))
+            if isinstance(controller, S.WindowProbe) for entry in controller.log]
+
+    def state(self) -> dict:
+        """JSON-able state of every controller (the ring is saved with the team)."""
+        return {"y": vars(self.y) if self.y else None, "m": vars(self.m) if self.m else None,
+                "tail_sample_at": self.tail_sample_at,
+                "ema": [self.monitor._ema, self.monitor._ema_pos]}
+
+    def restore(self, state: dict) -> None:
+        for controller, saved in ((self.y, state["y"]), (self.m, state["m"])):
+            if controller is not None and saved is not None:
+                vars(controller).update(saved)
+        self.tail_sample_at = state["tail_sample_at"]
+        self.monitor._ema, self.monitor._ema_pos = state["ema"]
 
 
 class _Team:
@@ -377,17 +457,22 @@ class _Team:
     def warm_up(self) -> None:
         """Load (or compile) the worker loop before the clock starts: a call
         with no tickets returns at once."""
+        limit, counters = self.state[G.LIMIT], self.counters.copy()
+        self.state[G.LIMIT] = self.state[G.TICKETS]  # no tickets: no step is taken
         self._worker_main(0, 0, 0)
         self._raise_first_error()
-        self.counters[:] = 0
+        self.state[G.LIMIT], self.counters[:] = limit, counters
         self.python_s[:] = self.alive_s[:] = 0
-        self.probe[:] = 0
 
-    def run_epoch(self, epoch: int, quota: int, on_tick: Callable[[], bool]) -> None:
-        """Run all workers until `quota` more gradients are applied (or a stop).
-        on_tick is called every MONITOR_SECONDS and returns True to stop."""
-        self.state[G.LIMIT] += quota  # no worker runs: plain writes are safe
-        threads = [threading.Thread(target=self._worker_main, args=(wid, epoch, quota),
+    def run_epoch(self, epoch: int, limit: int, segment: int,
+                  on_tick: Callable[[], bool]) -> None:
+        """Run all workers until `limit` gradients are applied since the start
+        of the run (or a stop). on_tick is called every MONITOR_SECONDS and
+        returns True to stop. segment: how often the run was resumed (it seeds
+        the workers' random streams along with the epoch)."""
+        self.state[G.LIMIT] = limit  # no worker runs: plain writes are safe
+        quota = limit - self.total(W.APPLIED)  # sync: gradients left in this epoch
+        threads = [threading.Thread(target=self._worker_main, args=(wid, epoch, quota, segment),
                                     name=f"iasgd-worker-{wid}", daemon=True)
                    for wid in range(self.cfg.threads)]
         for t in threads:
@@ -404,11 +489,11 @@ class _Team:
             wid, err = self.errors[0]
             raise RuntimeError(f"worker {wid} failed: {type(err).__name__}: {err}") from err
 
-    def _worker_main(self, wid: int, epoch: int, quota: int) -> None:
+    def _worker_main(self, wid: int, epoch: int, quota: int, segment: int = 0) -> None:
         t0 = time.perf_counter()
         inside0 = self.counters[wid, W.STEPS_NS]
         try:
-            seq = np.random.SeedSequence([self.cfg.seed, 2, wid, epoch])
+            seq = np.random.SeedSequence([self.cfg.seed, 2, wid, epoch, segment])
             W.seed_stream(int(seq.generate_state(1)[0]))
             self._call_loop(wid, epoch, quota)
         except BaseException as err:  # stop everyone, hand the error to the caller
@@ -456,63 +541,118 @@ class _Team:
                     mean_tau=self.total(W.TAU_SUM) / max(applied, 1), m=m)
 
 
-def train_parallel(model: Model, data: Dataset, cfg: TrainConfig,
-                   hooks: Hooks | None = None) -> RunResult:
-    """sync, async, hogwild or interval with cfg.threads worker threads."""
-    hooks = hooks or Hooks()
-    n_train = data.x_train.shape[0]
-    quota = steps_per_epoch(n_train, cfg.batch_size)
-    result = RunResult(status="completed")
-    control = _Controllers(cfg, quota, result)
-    team = _Team(model, data, cfg, model.init(cfg.seed), control)
-    result.params = team.params
-    team.warm_up()
-    for epoch in range(cfg.epochs):
-        hooks.on_epoch_start(epoch + 1, quota * cfg.batch_size)
-        applied_before = team.total(W.APPLIED)
-        t0 = time.perf_counter()
+class _ParallelRun:
+    """sync, async, hogwild or interval with cfg.threads worker threads. A
+    snapshot taken between epochs or after a stop holds every shared array,
+    counter and controller state; a resumed run continues from there (its
+    thread interleaving, and so its exact numbers, differ)."""
 
-        def tick(t0: float = t0, applied_before: int = applied_before) -> bool:
-            elapsed = time.perf_counter() - t0
-            if not K.all_finite(team.params):  # a loss can stay finite on dead units
+    TEAM_ARRAYS = ("params", "velocity", "state", "probe", "counters", "hist", "losses",
+                   "run_hist", "senses", "lr_factors", "ring")
+
+    def __init__(self, model: Model, data: Dataset, cfg: TrainConfig,
+                 resume: Snapshot | None = None):
+        self.model, self.data, self.cfg = model, data, cfg
+        self.quota = steps_per_epoch(data.x_train.shape[0], cfg.batch_size)
+        self.result = RunResult(status="completed")
+        self.control = _Controllers(cfg, self.quota, self.result)
+        self.team = _Team(model, data, cfg, model.init(cfg.seed), self.control)
+        self.epoch, self.epoch_time, self.segment = 1, 0.0, 0
+        if resume is not None:
+            self._restore(resume)
+        self.result.params = self.team.params
+
+    def _restore(self, snap: Snapshot) -> None:
+        team, meta = self.team, snap.meta
+        for name in self.TEAM_ARRAYS:
+            getattr(team, name)[...] = snap.arrays[name]
+        team.state[G.STOP] = 0  # the stop that ended the last segment is over
+        # a stop may have left sync's barrier half passed: start it afresh
+        team.state[G.BARRIER_COUNT] = 0
+        team.senses[:] = team.state[G.BARRIER_SENSE]
+        self.epoch, self.epoch_time = meta["epoch"], meta["epoch_time"]
+        self.segment = meta["segment"] + 1
+        restored = _restore_result(meta["result"], team.params, team.run_hist)
+        vars(self.result).update(vars(restored))
+        self.result.status = "completed"
+        self.control.restore(meta["control"])
+
+    def snapshot(self) -> Snapshot:
+        arrays = {name: getattr(self.team, name) for name in self.TEAM_ARRAYS}
+        meta = {"epoch": self.epoch, "epoch_time": self.epoch_time, "segment": self.segment,
+                "result": _result_meta(self.result), "control": self.control.state()}
+        return Snapshot(arrays, meta)
+
+    def run(self, hooks: Hooks, checkpoint_every: int = 0) -> RunResult:
+        cfg, team, control, r = self.cfg, self.team, self.control, self.result
+        team.warm_up()
+        while self.epoch <= cfg.epochs:
+            start = (self.epoch - 1) * self.quota  # applied updates before this epoch
+            hooks.on_epoch_start(self.epoch, self.quota * cfg.batch_size)
+            t0 = time.perf_counter() - self.epoch_time
+            reason: list[str] = []
+
+            def tick(t0: float = t0, start: int = start, reason: list = reason) -> bool:
+                elapsed = time.perf_counter() - t0
+                if not K.all_finite(team.params):  # a loss can stay finite on dead units
+                    G.mark_diverged(team.state)
+                control.step(team, r.train_time_s + elapsed)
+                hooks.on_progress((team.total(W.APPLIED) - start) * cfg.batch_size,
+                                  team.live(start, elapsed))
+                why = hooks.should_stop() or (
+                    "time_budget" if _over_budget(cfg, r.train_time_s + elapsed) else None)
+                if why and not reason:
+                    reason.append(why)
+                return bool(why)
+
+            control.step(team, r.train_time_s)
+            team.run_epoch(self.epoch, self.epoch * self.quota, self.segment, tick)
+            self.epoch_time = time.perf_counter() - t0
+            if not K.all_finite(team.params):
                 G.mark_diverged(team.state)
-            control.step(team, result.train_time_s + elapsed)
-            done = team.total(W.APPLIED) - applied_before
-            hooks.on_progress(done * cfg.batch_size, team.live(applied_before, elapsed))
-            return _over_budget(cfg, result.train_time_s + elapsed)
+            applied = team.total(W.APPLIED) - start
+            if team.state[G.DIVERGED]:
+                r.status = "diverged"
+                r.diverged_at = {"epoch": self.epoch, "step": applied + 1}
+            elif reason:
+                r.status = reason[0]
+            if r.status not in ("completed", "time_budget", "diverged"):
+                self._finish()
+                hooks.on_checkpoint(self.snapshot())  # mid-epoch: resume continues here
+                return r
+            if self.epoch == 1:
+                control.end_of_first_epoch(team)
+            self._record_epoch(hooks, applied)
+            if r.status != "completed":
+                break
+            self.epoch, self.epoch_time = self.epoch + 1, 0.0
+            if checkpoint_every and (self.epoch - 1) % checkpoint_every == 0:
+                self._finish()
+                hooks.on_checkpoint(self.snapshot())
+        self._finish()
+        return r
 
-        control.step(team, result.train_time_s)
-        team.run_epoch(epoch, quota, tick)
-        epoch_time = time.perf_counter() - t0
-        control.end_of_epoch(team, epoch)
-        if not K.all_finite(team.params):
-            G.mark_diverged(team.state)
-        applied = team.total(W.APPLIED) - applied_before
-        hooks.on_progress(applied * cfg.batch_size, team.live(applied_before, epoch_time))
-        result.train_time_s += epoch_time
-        result.samples += applied * cfg.batch_size
+    def _record_epoch(self, hooks: Hooks, applied: int) -> None:
+        cfg, team, r = self.cfg, self.team, self.result
+        r.train_time_s += self.epoch_time
+        r.samples += applied * cfg.batch_size
         train_loss = float(team.losses.sum() / applied) if applied else float("nan")
         record = EpochRecord(
-            epoch=epoch + 1,
+            epoch=self.epoch,
             train_loss=train_loss,
-            test_accuracy=_test_accuracy(model, team.params, data, result),
-            wall_s=result.train_time_s,
-            samples_per_s=applied * cfg.batch_size / max(epoch_time, 1e-9),
-            complete=applied == quota,
+            test_accuracy=_test_accuracy(self.model, team.params, self.data, r),
+            wall_s=r.train_time_s,
+            samples_per_s=applied * cfg.batch_size / max(self.epoch_time, 1e-9),
+            complete=applied == self.quota,
             staleness_hist=team.end_epoch_stats(),
         )
-        result.epochs.append(record)
+        r.epochs.append(record)
         hooks.on_epoch_end(record)
-        if team.state[G.DIVERGED]:
-            result.status = "diverged"
-            result.diverged_at = {"epoch": epoch + 1, "step": applied + 1}
-            break
-        if G.stopped(team.state):
-            result.status = "time_budget"
-            break
-    control.logs()
-    _collect_run_stats(team, result)
-    return result
+
+    def _finish(self) -> None:
+        """Bring the run-wide figures of the result up to date."""
+        self.control.logs()
+        _collect_run_stats(self.team, self.result)
 
 
 def _collect_run_stats(team: _Team, result: RunResult) -> None:
@@ -533,9 +673,12 @@ def _collect_run_stats(team: _Team, result: RunResult) -> None:
     result.max_concurrent_steps = int(team.probe[W.ACTIVE_MAX])
 
 
-def train(model: Model, data: Dataset, cfg: TrainConfig, hooks: Hooks | None = None) -> RunResult:
-    """Run the algorithm that cfg.algo names."""
+def train(model: Model, data: Dataset, cfg: TrainConfig, hooks: Hooks | None = None, *,
+          resume: Snapshot | None = None, checkpoint_every: int = 0) -> RunResult:
+    """Run the algorithm that cfg.algo names, from the start or from a
+    snapshot of the same configuration."""
     cfg.check()
-    if cfg.algo == "sequential":
-        return train_sequential(model, data, cfg, hooks)
-    return train_parallel(model, data, cfg, hooks)
+    runner = _SequentialRun if cfg.algo == "sequential" else _ParallelRun
+    return runner(model, data, cfg, resume).run(hooks or Hooks(), checkpoint_every)
+
+

@@ -7,6 +7,8 @@ import math
 import os
 import platform
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -108,19 +110,28 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
-def write_json_atomic(path: str | Path, document: dict[str, Any]) -> None:
-    """Write JSON to a temporary file beside `path`, then rename it into place,
-    so a reader never sees half a file and an old file survives a crash.
-    Non-finite numbers are written as null."""
+@contextmanager
+def replacing(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path beside `path`; when the block succeeds, move it
+    onto `path` in one rename (with the permissions a new file would get), so
+    a reader never sees half a file and the old one survives any failure."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(_json_safe(document), f, indent=2, allow_nan=False)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
+        yield Path(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
-    except BaseException:
+    finally:
         Path(tmp).unlink(missing_ok=True)
-        raise
+
+
+def write_json_atomic(path: str | Path, document: dict[str, Any]) -> None:
+    """Write JSON atomically (see `replacing`); non-finite numbers as null."""
+    with replacing(path) as tmp, open(tmp, "w") as f:
+        json.dump(_json_safe(document), f, indent=2, allow_nan=False)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())

@@ -10,17 +10,21 @@ import argparse
 import dataclasses
 import math
 import os
+import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import NoReturn
 
+from iasgd import checkpoints, engine, metrics, models, schedules
 from iasgd import data as datasets
-from iasgd import engine, metrics, models, schedules
 
 EXIT_USAGE = 2
 EXIT_FAILED = 1
 EXIT_DIVERGED = 3
+EXIT_SIGINT = 130
+EXIT_SIGTERM = 143
 MAX_THREADS = 1024  # far beyond any CPU this runs on; a typo guard
 
 
@@ -40,6 +44,13 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def _nonneg_int(text: str) -> int:
+    value = _int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return value
 
 
@@ -95,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m iasgd.run",
         description="Train a small CNN or MLP with parallel SGD on this machine's cores.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        allow_abbrev=False,  # a resume must see exactly which options were given
     )
     g = p.add_argument_group("model and data")
     g.add_argument("--dataset", choices=datasets.DATASETS, default="cifar10",
@@ -164,6 +176,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--out", default="results.json",
                    help="results JSON (config, status, per-epoch records), written atomically")
     g.add_argument("--quiet", action="store_true", help="print only errors")
+    g.add_argument("--checkpoint", default=None, metavar="PATH",
+                   help="checkpoint file (HDF5), written on Ctrl-C/SIGTERM and every "
+                        "--checkpoint-every epochs (default: beside --out, as NAME.ckpt.h5)")
+    g.add_argument("--checkpoint-every", type=_nonneg_int, default=0, metavar="EPOCHS",
+                   help="also write the checkpoint every this many epochs (0: only when stopped)")
+    g.add_argument("--resume", default=None, metavar="PATH",
+                   help="continue the run saved in this checkpoint, with its configuration "
+                        "(--epochs, --time-budget and output options may change)")
     return p
 
 
@@ -177,13 +197,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "use at most a few times the number of cores")
     if args.seed < 0:
         raise UsageError(f"--seed must be >= 0, got {args.seed}")
-    out_dir = Path(args.out).resolve().parent
-    if not out_dir.is_dir():
-        raise UsageError(f"--out {args.out}: directory {out_dir} does not exist; create it first")
-    if not os.access(out_dir, os.W_OK):
-        raise UsageError(f"--out {args.out}: directory {out_dir} is not writable")
-    if Path(args.out).is_dir():
-        raise UsageError(f"--out {args.out} is a directory; give a file name")
+    _check_writable_file("--out", args.out)
+    if args.checkpoint is not None:
+        _check_writable_file("--checkpoint", args.checkpoint)
     if args.archive is not None and not Path(args.archive).exists():
         raise UsageError(f"--archive {args.archive}: no such file or directory")
     try:
@@ -191,6 +207,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     except ValueError as e:
         raise UsageError(str(e)) from None
     return args
+
+
+def _check_writable_file(option: str, path: str) -> None:
+    """The file can be created: its directory exists and takes a new file
+    (tried for real: permission bits say nothing for root or a read-only mount)."""
+    directory = Path(path).resolve().parent
+    if Path(path).is_dir():
+        raise UsageError(f"{option} {path} is a directory; give a file name")
+    if not directory.is_dir():
+        raise UsageError(f"{option} {path}: directory {directory} does not exist; create it first")
+    try:
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as e:
+        raise UsageError(f"{option} {path}: cannot write in {directory} ({e.strerror})") from None
 
 
 def run_config(args: argparse.Namespace) -> dict:
@@ -253,44 +284,154 @@ class Display:
                  f"{r.samples_per_s:,.0f} samples/s{cut}")
 
 
+class Interrupts:
+    """SIGINT / SIGTERM: the first asks the run to stop at the workers' next
+    step and save; a second Ctrl-C exits at once."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def install(self) -> None:
+        signal.signal(signal.SIGINT, self._handle)
+        signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.signum is not None and signum == signal.SIGINT:
+            print("iasgd: interrupted again: exiting now without saving", file=sys.stderr)
+            os._exit(EXIT_SIGINT)
+        self.signum = signum
+        print("iasgd: stopping at the next step to save a checkpoint and the results "
+              "(Ctrl-C again quits at once)", file=sys.stderr, flush=True)
+
+    def reason(self) -> str | None:
+        return "interrupted" if self.signum is not None else None
+
+    def exit_code(self) -> int:
+        return EXIT_SIGTERM if self.signum == signal.SIGTERM else EXIT_SIGINT
+
+
+def default_checkpoint(out: str) -> str:
+    """results.json -> results.ckpt.h5, beside the results."""
+    path = Path(out)
+    return str(path.with_name(path.stem + ".ckpt.h5"))
+
+
+# Options a resumed run may change; everything else is the saved run's.
+RESUME_MAY_CHANGE = {"epochs", "time_budget", "out", "quiet", "checkpoint", "checkpoint_every",
+                     "data_dir", "archive", "resume"}
+
+
+def resumed_args(args: argparse.Namespace, argv: list[str]) -> tuple[argparse.Namespace, object]:
+    """The saved run's options, with those RESUME_MAY_CHANGE taken from the
+    command line, and the snapshot. A resume that asks for another model,
+    dataset or training option is refused."""
+    saved, snapshot = checkpoints.load(args.resume)
+    given = {tok.split("=")[0][2:].replace("-", "_") for tok in argv if tok.startswith("--")}
+    for name in sorted(given - RESUME_MAY_CHANGE):
+        if name in saved and saved[name] != _comparable(getattr(args, name)):
+            what = ("model or dataset" if name in ("model", "dataset", "hidden")
+                    else "training options")
+            option = "--" + name.replace("_", "-")
+            raise UsageError(f"--resume {args.resume} continues a run with {option} "
+                             f"{saved[name]}, not {getattr(args, name)}: a resume cannot change "
+                             f"the {what}; start a new run instead")
+    merged = {**saved, **{k: getattr(args, k) for k in RESUME_MAY_CHANGE if k in given}}
+    merged["resume"] = args.resume
+    if "out" not in given:
+        merged["out"] = args.out
+    if merged.get("hidden") is not None:
+        merged["hidden"] = tuple(merged["hidden"])
+    return argparse.Namespace(**merged), snapshot
+
+
+def _comparable(value: object) -> object:
+    return list(value) if isinstance(value, tuple) else value
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    snapshot = None
     try:
         args = parse_args(argv)
+        if args.resume:
+            args, snapshot = resumed_args(args, argv)
         model = models.build(args.model, args.dataset, hidden=args.hidden)
         display = Display(args.quiet, args.epochs)
         t0 = time.perf_counter()
         data = datasets.load(args.dataset, args.data_dir, args.archive, progress=not args.quiet)
-    except (UsageError, datasets.DataError, ValueError) as e:
+    except (UsageError, datasets.DataError, checkpoints.CheckpointError, ValueError) as e:
         print(f"iasgd: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     if data.input_shape != model.input_shape:
         print(f"iasgd: error: {args.dataset} images are {data.input_shape}, the model expects "
               f"{model.input_shape}", file=sys.stderr)
         return EXIT_USAGE
+    if args.batch_size > data.x_train.shape[0]:
+        print(f"iasgd: error: --batch-size {args.batch_size} is larger than the training set "
+              f"({data.x_train.shape[0]:,} images)", file=sys.stderr)
+        return EXIT_USAGE
+    need, have = workspace_bytes(model, args), physical_memory_bytes()
+    if need > have:
+        print(f"iasgd: error: {args.threads} workers at --batch-size {args.batch_size} need "
+              f"{need / 2**30:.1f} GiB of workspace, more than this machine's "
+              f"{have / 2**30:.1f} GiB; use fewer --threads or a smaller --batch-size",
+              file=sys.stderr)
+        return EXIT_USAGE
+    display.say(describe(args, model, data, time.perf_counter() - t0))
+    return train_and_report(args, model, data, display, snapshot)
+
+
+def workspace_bytes(model: models.Model, args: argparse.Namespace) -> int:
+    """Memory of the workers' buffers: activations and their gradients (float32)
+    plus a gradient and a parameter copy each."""
+    acts = models.activation_plan(model.arch, model.layout, args.batch_size).acts_size
+    return args.threads * (8 * acts + 8 * model.num_params)
+
+
+def physical_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def describe(args: argparse.Namespace, model: models.Model, data: datasets.Dataset,
+             load_s: float) -> str:
     algo = args.algo if args.threads == 1 else f"{args.algo} x {args.threads} threads"
     if args.algo == "interval":
         algo += f", y={args.interval}, gate {args.gate}"
-    display.say(f"{args.model} ({model.num_params:,} parameters) on {args.dataset} "
-                f"({data.x_train.shape[0]:,} train / {data.x_test.shape[0]:,} test, loaded in "
-                f"{time.perf_counter() - t0:.1f}s); {algo}, b={args.batch_size}, "
-                f"lr={args.lr:g}, momentum={args.momentum:g}")
-    hooks = engine.Hooks(display.epoch_start, display.progress, display.epoch_end)
+    resumed = f"; resuming {args.resume}" if args.resume else ""
+    return (f"{args.model} ({model.num_params:,} parameters) on {args.dataset} "
+            f"({data.x_train.shape[0]:,} train / {data.x_test.shape[0]:,} test, loaded in "
+            f"{load_s:.1f}s); {algo}, b={args.batch_size}, lr={args.lr:g}, "
+            f"momentum={args.momentum:g}{resumed}")
+
+
+def train_and_report(args: argparse.Namespace, model: models.Model, data: datasets.Dataset,
+                     display: Display, snapshot: object) -> int:
+    config = run_config(args)
+    checkpoint_path = args.checkpoint or default_checkpoint(args.out)
+    saved: list[str] = []
+
+    def write_checkpoint(snap: engine.Snapshot) -> None:
+        checkpoints.save(checkpoint_path, config, snap)
+        saved.append(checkpoint_path)
+
+    interrupts = Interrupts()
+    interrupts.install()
+    hooks = engine.Hooks(display.epoch_start, display.progress, display.epoch_end,
+                         should_stop=interrupts.reason, on_checkpoint=write_checkpoint)
     try:
-        result = engine.train(model, data, train_config(args), hooks)
+        result = engine.train(model, data, train_config(args), hooks, resume=snapshot,
+                              checkpoint_every=args.checkpoint_every)
     except RuntimeError as e:  # a worker failed; the others have stopped
         print(f"iasgd: error: {e}", file=sys.stderr)
         return EXIT_FAILED
-    document = metrics.results_document(run_config(args), result, model.num_params)
+    document = metrics.results_document(config, result, model.num_params)
+    document["checkpoint"] = saved[-1] if saved else None
     metrics.write_json_atomic(args.out, document)
-    acc = document["final_test_accuracy"]
-    st = document["staleness"]
-    bound = "unbounded" if st["bound"] is None else f"bound {st['bound']}"
-    display.say(f"{result.status}: {len(result.epochs)} epochs in {result.train_time_s:.1f}s "
-                f"training ({document['samples_per_s']:,.0f} samples/s), final test accuracy "
-                f"{100 * acc:.2f}%")
-    display.say(f"staleness mean {st['mean']:.2f} max {st['max']} ({bound}); "
-                f"{document['applied']:,} of {document['computed']:,} gradients applied "
-                f"({100 * document['acceptance_rate']:.1f}%); results in {args.out}")
+    report(display, document, args.out)
+    if result.status == "interrupted":
+        print(f"iasgd: interrupted; checkpoint in {checkpoint_path}, results so far in "
+              f"{args.out}; continue with --resume {checkpoint_path}", file=sys.stderr)
+        return interrupts.exit_code()
     if result.diverged_at is not None:
         where = result.diverged_at
         print(f"iasgd: diverged at epoch {where['epoch']}, step {where['step']}: the loss is "
@@ -298,6 +439,19 @@ def main(argv: list[str] | None = None) -> int:
               f"{args.out}", file=sys.stderr)
         return EXIT_DIVERGED
     return 0
+
+
+def report(display: Display, document: dict, out: str) -> None:
+    acc = document["final_test_accuracy"]
+    acc_text = "n/a" if acc is None else f"{100 * acc:.2f}%"
+    st = document["staleness"]
+    bound = "unbounded" if st["bound"] is None else f"bound {st['bound']}"
+    display.say(f"{document['status']}: {len(document['epochs'])} epochs in "
+                f"{document['train_time_s']:.1f}s training ({document['samples_per_s']:,.0f} "
+                f"samples/s), final test accuracy {acc_text}")
+    display.say(f"staleness mean {st['mean']:.2f} max {st['max']} ({bound}); "
+                f"{document['applied']:,} of {document['computed']:,} gradients applied "
+                f"({100 * document['acceptance_rate']:.1f}%); results in {out}")
 
 
 if __name__ == "__main__":

@@ -162,6 +162,7 @@ def sync_worker(wid, parties, count, state, probe, params, velocity, grads,
     done = 0
     while done * parties < count and not G.stopped(state):
         active = min(parties, count - done * parties)
+        loss = 0.0
         if wid < active:
             draw_batch(idx, images.shape[0])
             K.gather_images(images, idx, scale, shift, x)
@@ -174,7 +175,6 @@ def sync_worker(wid, parties, count, state, probe, params, velocity, grads,
             counters[COMPUTED] += 1
             if not np.isfinite(loss):  # averaged in, it would poison every parameter
                 G.mark_diverged(state)
-            _record(counters, hist, loss_sum, 0, loss, probe, ring)
         t0 = monotonic_ns()
         sense[0] = 1 - sense[0]
         ok = G.barrier(state, parties, sense[0])
@@ -185,6 +185,8 @@ def sync_worker(wid, parties, count, state, probe, params, velocity, grads,
         # own row with the mean (the next round's backward rewrites the row).
         K.mean_rows(grads, active, lo, hi, grads[wid, lo:hi])
         K.sgd_momentum_update(params[lo:hi], velocity[lo:hi], grads[wid, lo:hi], lr, momentum)
+        if wid < active:  # counted once the round's update is in
+            _record(counters, hist, loss_sum, 0, loss, probe, ring)
         if wid == 0:
             atomic_add(state, G.VERSION, 1)
         t0 = monotonic_ns()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -100,6 +101,19 @@ BAD = [
     (["--tail-amplitude", "1.5"], "--tail-amplitude"),
     (["--probe-loss-scale", "-1"], "--probe-loss-scale"),
     (["--loss-window", "0"], "--loss-window"),
+    (["--out", "/proc/iasgd-results.json"], "cannot write in /proc"),
+    (["--checkpoint", "/no/such/dir/c.h5"], "does not exist"),
+    (["--checkpoint-every", "-1"], "--checkpoint-every"),
+    (["--resume", "/no/such/checkpoint.h5"], "does not exist"),
+    (["--batch-size", "100000000"], "larger than the training set"),
+    (["--algo", "hogwild", "--threads", "1000", "--batch-size", "4000"], "GiB of workspace"),
+    (["--time-budget", "nan"], "--time-budget"),
+    (["--epochs", "1e3"], "--epochs"),
+    (["--interval", "-5"], "--interval"),
+    (["--y0", "0"], "--y0"),
+    (["--window", "0"], "--window"),
+    (["--probe-steps", "0"], "--probe-steps"),
+    (["--decay-every", "x"], "--decay-every"),
 ]
 
 
@@ -141,3 +155,85 @@ def test_help_documents_every_option_and_default(capsys):
                    "--quiet", "--algo"):
         assert option in text
     assert "(default: 16)" in text and "(default: 0.005)" in text
+
+
+def start_training(tmp_path, *args):
+    """A real run in a subprocess, returned once its first epoch is done."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "iasgd.run", "--dataset", "synthetic",
+                             "--epochs", "500", "--lr", "0.02", "--out",
+                             str(tmp_path / "r.json"), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    for line in proc.stdout:
+        if line.startswith("epoch   1"):
+            return proc
+    raise AssertionError(f"no first epoch: {proc.stderr.read()}")
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize("algo", [["--algo", "sequential"],
+                                  ["--algo", "interval", "--threads", "3"]])
+def test_a_signal_saves_checkpoint_and_results_then_resume_finishes(tmp_path, signum, code,
+                                                                    algo):
+    proc = start_training(tmp_path, *algo)
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, err
+    assert "--resume" in err and "Traceback" not in err
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["status"] == "interrupted" and doc["epochs"]
+    ckpt = tmp_path / "r.ckpt.h5"
+    assert doc["checkpoint"] == str(ckpt) and ckpt.exists()
+    done = len(doc["epochs"])
+    resumed = cli("--resume", str(ckpt), "--epochs", str(done + 2), "--out",
+                  str(tmp_path / "r2.json"))
+    assert resumed.returncode == 0, resumed.stderr
+    doc2 = json.loads((tmp_path / "r2.json").read_text())
+    assert doc2["status"] == "completed"
+    assert [e["epoch"] for e in doc2["epochs"]] == list(range(1, done + 3))
+    assert doc2["config"]["algo"] == algo[1]
+
+
+def test_a_second_ctrl_c_exits_at_once(tmp_path):
+    proc = start_training(tmp_path, "--algo", "hogwild", "--threads", "2")
+    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert "Traceback" not in err
+
+
+def test_resume_refuses_another_model_or_dataset(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    assert run.main(["--dataset", "synthetic", "--epochs", "1", "--quiet", "--out", str(out),
+                     "--checkpoint-every", "1"]) == 0
+    ckpt = str(tmp_path / "r.ckpt.h5")
+    for args, needle in ((["--model", "mlp"], "--model lenet, not mlp"),
+                         (["--dataset", "fashion-mnist"], "--dataset synthetic"),
+                         (["--lr", "0.1"], "--lr 0.005, not 0.1")):
+        assert run.main(["--resume", ckpt, "--quiet", "--out", str(out), *args]) == 2
+        err = capsys.readouterr().err
+        assert needle in err and err.count("\n") == 1
+    (tmp_path / "bad.h5").write_bytes(b"\x89HDF\r\n\x1a\n" + b"\0" * 50)
+    assert run.main(["--resume", str(tmp_path / "bad.h5"), "--out", str(out)]) == 2
+    assert "corrupt or truncated" in capsys.readouterr().err
+
+
+def test_128_threads_start_train_and_stop_in_under_2_gb(tmp_path):
+    """LeNet-5 with 128 worker threads (oversubscribed), its peak RSS measured."""
+    script = (
+        "import resource, sys; from iasgd import run; "
+        "code = run.main(sys.argv[1:]); "
+        "print('maxrss_kb', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); "
+        "sys.exit(code)")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", script, "--dataset", "synthetic", "--algo",
+                           "hogwild", "--threads", "128", "--epochs", "1", "--quiet", "--out",
+                           str(tmp_path / "r.json")], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    rss_kb = int(proc.stdout.split()[-1])
+    assert rss_kb < 2 * 1024 * 1024
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["status"] == "completed" and doc["config"]["threads"] == 128
+    assert doc["applied"] == 250  # 4,000 synthetic images / 16
