@@ -47,7 +47,12 @@ def iasgd_samples_per_s(batch: int, steps: int, repeats: int, images, labels) ->
                       ws.dacts, ws.argmax, ws.labels, flat, *m.image_transform, labels, order,
                       0, count, batch, LR, MOMENTUM, losses)
 
-    run(10)  # warm-up
+    return timed(run, batch, steps, repeats)
+
+
+def timed(run, batch: int, steps: int, repeats: int) -> list[float]:
+    """samples/s of `repeats` calls of run(steps), after a warm-up of 10 steps."""
+    run(10)
     rates = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -75,13 +80,7 @@ def torch_samples_per_s(batch: int, steps: int, repeats: int, images, labels) ->
             torch.nn.functional.cross_entropy(net(x[idx]), y[idx]).backward()
             opt.step()
 
-    run(10)
-    rates = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        run(steps)
-        rates.append(steps * batch / (time.perf_counter() - t0))
-    return rates
+    return timed(run, batch, steps, repeats)
 
 
 STARTUP_SCRIPT = """

@@ -44,6 +44,16 @@ def draw_batch(idx, count):
 
 
 @jit
+def _load_batch(images, labels, scale, shift, idx, x, batch_labels):
+    """Draw a batch: its indices into idx, its inputs into x, labels into
+    batch_labels."""
+    draw_batch(idx, images.shape[0])
+    K.gather_images(images, idx, scale, shift, x)
+    for i in range(idx.size):
+        batch_labels[i] = labels[idx[i]]
+
+
+@jit
 def _enter_step(probe):
     now = atomic_add(probe, ACTIVE, 1) + 1
     while True:  # probe[ACTIVE_MAX] = max(probe[ACTIVE_MAX], now)
@@ -101,10 +111,7 @@ def async_worker(wid, algo, policy, state, probe, params, velocity, local, grad,
                 break
         elif algo == INTERVAL:
             gen = G.generation(state)
-        draw_batch(idx, images.shape[0])
-        K.gather_images(images, idx, scale, shift, x)
-        for i in range(n):
-            batch_labels[i] = labels[idx[i]]
+        _load_batch(images, labels, scale, shift, idx, x, batch_labels)
         if algo == ASYNC:  # consistent read: a snapshot under the lock
             G.lock(state)
             local[:] = params
@@ -144,6 +151,16 @@ def async_worker(wid, algo, policy, state, probe, params, velocity, local, grad,
 
 
 @jit
+def _timed_barrier(state, parties, sense, counters):
+    """Flip this worker's sense and pass the barrier, timing the wait."""
+    t0 = monotonic_ns()
+    sense[0] = 1 - sense[0]
+    ok = G.barrier(state, parties, sense[0])
+    counters[WAIT_NS] += monotonic_ns() - t0
+    return ok
+
+
+@jit
 def sync_worker(wid, parties, count, state, probe, params, velocity, grads,
                 acts, dacts, argmax, batch_labels, idx, conv_plan, dense_plan, images,
                 scale, shift, labels, lr, momentum, counters, hist, loss_sum, ring, sense):
@@ -164,10 +181,7 @@ def sync_worker(wid, parties, count, state, probe, params, velocity, grads,
         active = min(parties, count - done * parties)
         loss = 0.0
         if wid < active:
-            draw_batch(idx, images.shape[0])
-            K.gather_images(images, idx, scale, shift, x)
-            for i in range(n):
-                batch_labels[i] = labels[idx[i]]
+            _load_batch(images, labels, scale, shift, idx, x, batch_labels)
             _enter_step(probe)
             loss = K.network_loss_and_grad(params, grads[wid], conv_plan, dense_plan, acts,
                                            dacts, argmax, batch_labels)
@@ -175,11 +189,7 @@ def sync_worker(wid, parties, count, state, probe, params, velocity, grads,
             counters[COMPUTED] += 1
             if not np.isfinite(loss):  # averaged in, it would poison every parameter
                 G.mark_diverged(state)
-        t0 = monotonic_ns()
-        sense[0] = 1 - sense[0]
-        ok = G.barrier(state, parties, sense[0])
-        counters[WAIT_NS] += monotonic_ns() - t0
-        if not ok:
+        if not _timed_barrier(state, parties, sense, counters):
             break
         # Columns [lo, hi) are this worker's alone: it may overwrite them in its
         # own row with the mean (the next round's backward rewrites the row).
@@ -189,11 +199,7 @@ def sync_worker(wid, parties, count, state, probe, params, velocity, grads,
             _record(counters, hist, loss_sum, 0, loss, probe, ring)
         if wid == 0:
             atomic_add(state, G.VERSION, 1)
-        t0 = monotonic_ns()
-        sense[0] = 1 - sense[0]
-        ok = G.barrier(state, parties, sense[0])
-        counters[WAIT_NS] += monotonic_ns() - t0
-        if not ok:
+        if not _timed_barrier(state, parties, sense, counters):
             break
         done += 1
     counters[STEPS_NS] += monotonic_ns() - t_start
