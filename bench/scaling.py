@@ -1,0 +1,252 @@
+"""Thread sweeps and the time-to-accuracy comparison of the algorithms.
+
+    python bench/scaling.py --threads 1,2,4,8,16 --seeds 3 --dataset cifar10 \\
+        --archive ../shared/data/cifar-10-jpeg-python.tar.gz \\
+        --time-budget 60 --target-accuracy 0.45
+    python bench/scaling.py --quick        # synthetic data, seconds per run
+
+Every (algorithm, thread count, seed) runs on its own, one after another, for
+--time-budget seconds of training (evaluation excluded). The script prints a
+table per algorithm and thread count and writes bench/results/<name>.json,
+<name>.md and PNG plots: throughput vs threads, time to the target accuracy
+vs threads, test accuracy vs training time, and the staleness distribution of
+each algorithm at the largest thread count.
+
+Algorithms: sequential, sync, async, hogwild, interval (fixed y),
+interval-decay, interval-probe, elastic (hogwild with the thread-count
+window), async-tail (hogwild with TAIL-tau step sizes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from iasgd import data as datasets  # noqa: E402
+from iasgd import engine, metrics, models  # noqa: E402
+
+ALGOS = {  # name -> TrainConfig fields
+    "sequential": {"algo": "sequential"},
+    "sync": {"algo": "sync"},
+    "async": {"algo": "async"},
+    "hogwild": {"algo": "hogwild"},
+    "interval": {"algo": "interval"},
+    "interval-decay": {"algo": "interval", "interval_schedule": "decay"},
+    "interval-probe": {"algo": "interval", "interval_schedule": "probe"},
+    "elastic": {"algo": "hogwild", "threads_schedule": "window"},
+    "async-tail": {"algo": "hogwild", "lr_schedule": "tail"},
+}
+PASSED_THROUGH = ("batch_size", "lr", "momentum", "interval", "gate", "y0", "y_min",
+                  "decay_every", "decay_by", "probe_offset", "probe_step", "probe_steps",
+                  "exec_steps", "window")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--threads", default="1,2,4,8,16", help="thread counts to sweep")
+    p.add_argument("--algos", default=",".join(ALGOS), help="algorithms to compare")
+    p.add_argument("--seeds", type=int, default=3, help="runs per (algorithm, threads)")
+    p.add_argument("--dataset", default="cifar10", choices=datasets.DATASETS)
+    p.add_argument("--data-dir", default=None)
+    p.add_argument("--archive", default=None)
+    p.add_argument("--time-budget", type=float, default=60.0, help="training seconds per run")
+    p.add_argument("--target-accuracy", type=float, default=0.45,
+                   help="test accuracy whose time to reach is compared")
+    p.add_argument("--name", default=None, help="results name (default: from the options)")
+    p.add_argument("--out-dir", default=str(REPO / "bench" / "results"),
+                   help="where the JSON, markdown and PNG files go")
+    p.add_argument("--quick", action="store_true",
+                   help="synthetic data, tiny budget: a smoke test in seconds")
+    for name in PASSED_THROUGH:
+        default = getattr(engine.TrainConfig, name)
+        p.add_argument("--" + name.replace("_", "-"), type=type(default) if default is not None
+                       else int, default=default)
+    args = p.parse_args(argv)
+    args.threads = [int(n) for n in args.threads.split(",")]
+    args.algos = args.algos.split(",")
+    unknown = [a for a in args.algos if a not in ALGOS]
+    if unknown:
+        p.error(f"unknown algorithms {unknown}; choose from {', '.join(ALGOS)}")
+    if args.quick:
+        args.dataset, args.time_budget = "synthetic", min(args.time_budget, 1.0)
+        args.seeds = min(args.seeds, 2)
+        args.target_accuracy = min(args.target_accuracy, 0.9)
+        args.lr = 0.02
+        args.probe_steps, args.exec_steps = 20, 60
+    args.name = args.name or (f"quick-{args.dataset}" if args.quick else
+                              f"{args.dataset}-{'-'.join(map(str, args.threads))}")
+    return args
+
+
+def config_for(args: argparse.Namespace, algo: str, threads: int, seed: int) -> engine.TrainConfig:
+    knobs = {name: getattr(args, name) for name in PASSED_THROUGH}
+    return engine.TrainConfig(**knobs, **ALGOS[algo], threads=threads, seed=seed,
+                              epochs=1_000_000, time_budget=args.time_budget)
+
+
+def run_one(model, data, cfg: engine.TrainConfig, target: float) -> dict:
+    """One run's figures: throughput, staleness, accuracy over time, time to target."""
+    result = engine.train(model, data, cfg)
+    doc = metrics.results_document({}, result, model.num_params)
+    curve = [[e["wall_s"], e["test_accuracy"]] for e in doc["epochs"]]
+    reached = [t for t, acc in curve if acc >= target]
+    return {
+        "samples_per_s": doc["samples_per_s"],
+        "staleness_mean": doc["staleness"]["mean"],
+        "staleness_max": doc["staleness"]["max"],
+        "staleness_hist": doc["staleness"]["hist"],
+        "acceptance_rate": doc["acceptance_rate"],
+        "time_to_target_s": reached[0] if reached else None,
+        "final_accuracy": doc["final_test_accuracy"],
+        "curve": curve,
+    }
+
+
+def summarise(runs: list[dict]) -> dict:
+    """Median/min/max throughput, mean staleness, time to target over seeds."""
+    rates = [r["samples_per_s"] for r in runs]
+    times = [r["time_to_target_s"] for r in runs if r["time_to_target_s"] is not None]
+    return {
+        "samples_per_s": [statistics.median(rates), min(rates), max(rates)],
+        "staleness_mean": statistics.mean(r["staleness_mean"] for r in runs),
+        "staleness_max": max(r["staleness_max"] for r in runs),
+        "acceptance_rate": statistics.mean(r["acceptance_rate"] for r in runs),
+        "time_to_target_s": ([statistics.mean(times), statistics.pstdev(times)]
+                             if len(times) == len(runs) else None),
+        "reached": len(times),
+        "final_accuracy": statistics.mean(r["final_accuracy"] for r in runs),
+    }
+
+
+def table(summary: dict, args: argparse.Namespace) -> str:
+    """Markdown table: one row per (algorithm, threads)."""
+    lines = ["| algorithm | n | samples/s median (min-max) | mean tau | max tau | accepted | "
+             f"time to {100 * args.target_accuracy:.0f}% (s) | vs async | acc at budget |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for algo, by_n in summary.items():
+        for n, s in by_n.items():
+            med, lo, hi = s["samples_per_s"]
+            ttt = s["time_to_target_s"]
+            ttt_text = f"{ttt[0]:.1f} ± {ttt[1]:.1f}" if ttt else \
+                f"not reached ({s['reached']}/{args.seeds})"
+            base = summary.get("async", {}).get(n, {}).get("time_to_target_s")
+            ratio = f"{ttt[0] / base[0]:.2f}" if ttt and base else "-"
+            lines.append(f"| {algo} | {n} | {med:,.0f} ({lo:,.0f}-{hi:,.0f}) | "
+                         f"{s['staleness_mean']:.2f} | {s['staleness_max']} | "
+                         f"{100 * s['acceptance_rate']:.0f}% | {ttt_text} | {ratio} | "
+                         f"{100 * s['final_accuracy']:.1f}% |")
+    return "\n".join(lines)
+
+
+def plot(summary: dict, runs: dict, args: argparse.Namespace, out: Path) -> list[Path]:
+    """The four PNG figures; returns their paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no screen
+    import matplotlib.pyplot as plt
+
+    paths = []
+    largest = max(args.threads)
+
+    def save(fig, name: str) -> None:
+        path = out.with_name(f"{out.name}-{name}.png")
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for algo, by_n in summary.items():
+        ns = sorted(by_n)
+        ax.plot(ns, [by_n[n]["samples_per_s"][0] for n in ns], marker="o", label=algo)
+    ax.set(xlabel="threads", ylabel="applied samples/s (median)", xscale="log", xticks=args.threads,
+           xticklabels=args.threads, title="Throughput")
+    ax.legend(fontsize=7)
+    save(fig, "throughput")
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for algo, by_n in summary.items():
+        ns = [n for n in sorted(by_n) if by_n[n]["time_to_target_s"]]
+        ax.errorbar(ns, [by_n[n]["time_to_target_s"][0] for n in ns],
+                    yerr=[by_n[n]["time_to_target_s"][1] for n in ns], marker="o", label=algo,
+                    capsize=3)
+    ax.set(xlabel="threads", ylabel="seconds", xscale="log", xticks=args.threads,
+           xticklabels=args.threads,
+           title=f"Time to {100 * args.target_accuracy:.0f}% test accuracy (mean ± std)")
+    ax.legend(fontsize=7)
+    save(fig, "time-to-target")
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for algo in summary:
+        for i, run in enumerate(runs[algo].get(largest, [])):
+            t, acc = zip(*run["curve"], strict=True) if run["curve"] else ((), ())
+            ax.plot(t, acc, color=f"C{list(summary).index(algo)}", alpha=0.8,
+                    label=algo if i == 0 else None)
+    ax.axhline(args.target_accuracy, color="grey", lw=0.8, ls="--")
+    ax.set(xlabel="training seconds", ylabel="test accuracy",
+           title=f"Test accuracy over time, {largest} threads")
+    ax.legend(fontsize=7)
+    save(fig, "accuracy")
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for algo in summary:
+        hist = [0]
+        for run in runs[algo].get(largest, []):
+            h = run["staleness_hist"]
+            hist = [a + b for a, b in zip(hist + [0] * (len(h) - len(hist)),
+                                          h + [0] * (len(hist) - len(h)), strict=True)]
+        total = sum(hist) or 1
+        ax.plot(range(len(hist)), [c / total for c in hist], drawstyle="steps-mid", label=algo)
+    ax.set(xlabel="staleness tau", ylabel="share of applied updates", yscale="log",
+           title=f"Staleness distribution, {largest} threads")
+    ax.legend(fontsize=7)
+    save(fig, "staleness")
+    return paths
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    if args.quick:
+        data = datasets.synthetic(seed=0, n_train=2000, n_test=300)
+    else:
+        data = datasets.load(args.dataset, args.data_dir, args.archive)
+    model = models.build("lenet", args.dataset)
+    out = Path(args.out_dir) / args.name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    runs: dict[str, dict[int, list[dict]]] = {}
+    combos = [(a, n) for a in args.algos for n in args.threads
+              if not (a == "sequential" and n != 1)]
+    t_start = time.perf_counter()
+    for i, (algo, n) in enumerate(combos, start=1):
+        for seed in range(args.seeds):
+            print(f"[{i}/{len(combos)}] {algo} n={n} seed={seed} ...", end=" ", flush=True)
+            run = run_one(model, data, config_for(args, algo, n, seed), args.target_accuracy)
+            runs.setdefault(algo, {}).setdefault(n, []).append(run)
+            print(f"{run['samples_per_s']:,.0f} samples/s, acc {100 * run['final_accuracy']:.1f}%",
+                  flush=True)
+    summary = {a: {n: summarise(rs) for n, rs in by_n.items()} for a, by_n in runs.items()}
+    text = table(summary, args)
+    print(text)
+    document = {"options": {k: v for k, v in vars(args).items()},
+                "machine": metrics.machine_info(), "date": time.strftime("%Y-%m-%d"),
+                "sweep_seconds": time.perf_counter() - t_start,
+                "summary": {a: {str(n): s for n, s in by_n.items()} for a, by_n in summary.items()},
+                "runs": {a: {str(n): rs for n, rs in by_n.items()} for a, by_n in runs.items()}}
+    metrics.write_json_atomic(out.with_suffix(".json"), document)
+    out.with_suffix(".md").write_text(text + "\n")
+    paths = plot(summary, runs, args, out)
+    print(f"wrote {out.with_suffix('.json')}, {out.with_suffix('.md')} and "
+          f"{', '.join(p.name for p in paths)}")
+    return json.loads(out.with_suffix(".json").read_text())
+
+
+if __name__ == "__main__":
+    main()
