@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
-from iasgd import checkpoints, engine, metrics, models, schedules
+from iasgd import checkpoints, engine, metrics, models, schedules, sim
 from iasgd import data as datasets
 
 EXIT_USAGE = 2
@@ -172,6 +172,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "TAIL-tau from the early staleness distribution")
     g.add_argument("--tail-amplitude", type=_unit_float, default=1.0, metavar="A",
                    help="tail: factor 1 + A (1 - 2 F(tau))")
+    g = p.add_argument_group("simulation (staleness of many threads, computed on one core)")
+    g.add_argument("--simulate", action="store_true",
+                   help="simulate --threads workers instead of running them (hogwild, async, "
+                        "interval with a fixed y); times and throughput are simulated")
+    g.add_argument("--sim-cores", type=_positive_int, default=None,
+                   help="cores the simulated workers share (default: one each)")
+    g.add_argument("--sim-step-spread", type=_positive_float, default=None, metavar="SIGMA",
+                   help="lognormal step times with this spread around the measured mean "
+                        "(default: draw from measured single-thread step times)")
     g = p.add_argument_group("output")
     g.add_argument("--out", default="results.json",
                    help="results JSON (config, status, per-epoch records), written atomically")
@@ -206,6 +215,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         train_config(args).check()
     except ValueError as e:
         raise UsageError(str(e)) from None
+    if args.simulate and (args.algo not in sim.SIMULATED_ALGOS or args.interval_schedule != "fixed"
+                          or args.threads_schedule != "fixed" or args.lr_schedule != "none"):
+        raise UsageError(f"--simulate covers --algo {', '.join(sim.SIMULATED_ALGOS)} with a fixed "
+                         "y, thread count and step size")
     return args
 
 
@@ -378,7 +391,32 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return EXIT_USAGE
     display.say(describe(args, model, data, time.perf_counter() - t0))
+    if args.simulate:
+        return simulate_and_report(args, model, data, display)
     return train_and_report(args, model, data, display, snapshot)
+
+
+def simulate_and_report(args: argparse.Namespace, model: models.Model, data: datasets.Dataset,
+                        display: Display) -> int:
+    """--simulate: the run's staleness and loss from iasgd.sim; times simulated."""
+    measured = sim.measure_step_times(model, data, args.batch_size)
+    if args.sim_step_spread is None:
+        step_time, how = sim.measured_steps(measured), "measured single-thread step times"
+    else:
+        step_time = sim.lognormal_steps(float(measured.mean()), args.sim_step_spread)
+        how = f"lognormal, mean {1e3 * measured.mean():.2f} ms, spread {args.sim_step_spread}"
+    cores = args.sim_cores or args.threads
+    display.say(f"SIMULATED: {args.threads} workers on {cores} cores, step times {how}")
+    result = sim.simulate(model, data, train_config(args), step_time, cores=cores)
+    for record in result.epochs:
+        display.epoch_end(record)
+    document = metrics.results_document(run_config(args), result, model.num_params)
+    document["simulated"] = {"cores": cores, "step_times": how,
+                             "step_time_mean_s": float(measured.mean()),
+                             "note": "wall times and throughput are simulated, not measured"}
+    metrics.write_json_atomic(args.out, document)
+    report(display, document, args.out)
+    return 0
 
 
 def workspace_bytes(model: models.Model, args: argparse.Namespace) -> int:

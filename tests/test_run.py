@@ -114,6 +114,8 @@ BAD = [
     (["--window", "0"], "--window"),
     (["--probe-steps", "0"], "--probe-steps"),
     (["--decay-every", "x"], "--decay-every"),
+    (["--simulate", "--algo", "sync", "--threads", "4"], "--simulate covers"),
+    (["--simulate", "--sim-step-spread", "0"], "--sim-step-spread"),
 ]
 
 
@@ -237,3 +239,15 @@ def test_128_threads_start_train_and_stop_in_under_2_gb(tmp_path):
     doc = json.loads((tmp_path / "r.json").read_text())
     assert doc["status"] == "completed" and doc["config"]["threads"] == 128
     assert doc["applied"] == 250  # 4,000 synthetic images / 16
+
+
+def test_simulate_says_so_everywhere(tmp_path):
+    out = tmp_path / "r.json"
+    proc = cli("--dataset", "synthetic", "--simulate", "--algo", "interval", "--threads", "8",
+               "--interval", "4", "--sim-cores", "2", "--sim-step-spread", "0.2", "--epochs", "1",
+               "--lr", "0.02", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "SIMULATED: 8 workers on 2 cores" in proc.stdout
+    doc = json.loads(out.read_text())
+    assert doc["simulated"]["cores"] == 2 and "simulated" in doc["simulated"]["note"]
+    assert doc["staleness"]["max"] <= 3 and doc["applied"] == 250
