@@ -24,13 +24,16 @@ import json
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import numpy as np  # noqa: E402
+
 from iasgd import data as datasets  # noqa: E402
-from iasgd import engine, metrics, models  # noqa: E402
+from iasgd import engine, metrics, models, sim  # noqa: E402
 
 ALGOS = {  # name -> TrainConfig fields
     "sequential": {"algo": "sequential"},
@@ -43,6 +46,7 @@ ALGOS = {  # name -> TrainConfig fields
     "elastic": {"algo": "hogwild", "threads_schedule": "window"},
     "async-tail": {"algo": "hogwild", "lr_schedule": "tail"},
 }
+SIMULATED = ("async", "hogwild", "interval")  # what iasgd.sim covers
 PASSED_THROUGH = ("batch_size", "lr", "momentum", "interval", "gate", "y0", "y_min",
                   "decay_every", "decay_by", "probe_offset", "probe_step", "probe_steps",
                   "exec_steps", "window")
@@ -65,6 +69,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="where the JSON, markdown and PNG files go")
     p.add_argument("--quick", action="store_true",
                    help="synthetic data, tiny budget: a smoke test in seconds")
+    p.add_argument("--simulate", action="store_true",
+                   help="simulate the threads (iasgd.sim) from measured step times; "
+                        "--time-budget is then in simulated seconds; algorithms the "
+                        "simulator does not cover are skipped")
+    p.add_argument("--sim-cores", type=int, default=None,
+                   help="cores the simulated workers share (default: one each)")
     for name in PASSED_THROUGH:
         default = getattr(engine.TrainConfig, name)
         p.add_argument("--" + name.replace("_", "-"), type=type(default) if default is not None
@@ -81,8 +91,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.target_accuracy = min(args.target_accuracy, 0.9)
         args.lr = 0.02
         args.probe_steps, args.exec_steps = 20, 60
-    args.name = args.name or (f"quick-{args.dataset}" if args.quick else
-                              f"{args.dataset}-{'-'.join(map(str, args.threads))}")
+    if args.simulate:
+        args.algos = [a for a in args.algos if a in SIMULATED]
+        if args.quick:  # simulated seconds: a few epochs of the synthetic set
+            args.time_budget = min(args.time_budget, 0.05)
+    args.name = args.name or ("quick-" if args.quick else "") + (
+        f"{'simulated-' if args.simulate else ''}{args.dataset}-"
+        f"{'-'.join(map(str, args.threads))}")
     return args
 
 
@@ -92,9 +107,16 @@ def config_for(args: argparse.Namespace, algo: str, threads: int, seed: int) -> 
                               epochs=1_000_000, time_budget=args.time_budget)
 
 
-def run_one(model, data, cfg: engine.TrainConfig, target: float) -> dict:
-    """One run's figures: throughput, staleness, accuracy over time, time to target."""
-    result = engine.train(model, data, cfg)
+def run_one(model, data, cfg: engine.TrainConfig, target: float, simulation=None) -> dict:
+    """One run's figures: throughput, staleness, accuracy over time, time to
+    target. simulation: (step_time, cores) to simulate instead of running."""
+    if simulation is None:
+        result = engine.train(model, data, cfg)
+    else:
+        step_time, cores = simulation
+        epochs = simulated_epochs(data, cfg, step_time, cores)
+        result = sim.simulate(model, data, replace(cfg, epochs=epochs, time_budget=None),
+                              step_time, cores=cores)
     doc = metrics.results_document({}, result, model.num_params)
     curve = [[e["wall_s"], e["test_accuracy"]] for e in doc["epochs"]]
     reached = [t for t, acc in curve if acc >= target]
@@ -108,6 +130,16 @@ def run_one(model, data, cfg: engine.TrainConfig, target: float) -> dict:
         "final_accuracy": doc["final_test_accuracy"],
         "curve": curve,
     }
+
+
+def simulated_epochs(data, cfg: engine.TrainConfig, step_time, cores: int | None) -> int:
+    """Epochs that fill the time budget in simulated seconds (the simulator
+    has no budget of its own): from the mean step time and the cores in use."""
+    rng = np.random.default_rng(0)
+    mean_step = float(np.mean([step_time(rng) for _ in range(200)]))
+    busy = min(cfg.threads, cores or cfg.threads)
+    per_epoch = engine.steps_per_epoch(data.x_train.shape[0], cfg.batch_size) * mean_step / busy
+    return max(1, round(cfg.time_budget / per_epoch))
 
 
 def summarise(runs: list[dict]) -> dict:
@@ -157,6 +189,8 @@ def plot(summary: dict, runs: dict, args: argparse.Namespace, out: Path) -> list
     largest = max(args.threads)
 
     def save(fig, name: str) -> None:
+        if args.simulate:
+            fig.suptitle("SIMULATED", color="firebrick", fontsize=9, x=0.99, ha="right")
         path = out.with_name(f"{out.name}-{name}.png")
         fig.tight_layout()
         fig.savefig(path, dpi=110)
@@ -219,6 +253,12 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         data = datasets.load(args.dataset, args.data_dir, args.archive)
     model = models.build("lenet", args.dataset)
+    simulation = None
+    if args.simulate:
+        times = sim.measure_step_times(model, data, args.batch_size)
+        simulation = (sim.measured_steps(times), args.sim_cores)
+        print(f"SIMULATED runs: step times measured here, mean {1e3 * times.mean():.2f} ms; "
+              f"{args.sim_cores or 'one core per worker'} cores")
     out = Path(args.out_dir) / args.name
     out.parent.mkdir(parents=True, exist_ok=True)
     runs: dict[str, dict[int, list[dict]]] = {}
@@ -228,14 +268,18 @@ def main(argv: list[str] | None = None) -> dict:
     for i, (algo, n) in enumerate(combos, start=1):
         for seed in range(args.seeds):
             print(f"[{i}/{len(combos)}] {algo} n={n} seed={seed} ...", end=" ", flush=True)
-            run = run_one(model, data, config_for(args, algo, n, seed), args.target_accuracy)
+            run = run_one(model, data, config_for(args, algo, n, seed), args.target_accuracy,
+                          simulation)
             runs.setdefault(algo, {}).setdefault(n, []).append(run)
             print(f"{run['samples_per_s']:,.0f} samples/s, acc {100 * run['final_accuracy']:.1f}%",
                   flush=True)
     summary = {a: {n: summarise(rs) for n, rs in by_n.items()} for a, by_n in runs.items()}
     text = table(summary, args)
+    if args.simulate:
+        text = "SIMULATED (iasgd.sim): times and throughput are simulated\n\n" + text
     print(text)
-    document = {"options": {k: v for k, v in vars(args).items()},
+    document = {"options": dict(vars(args)),
+                "simulated": bool(args.simulate),
                 "machine": metrics.machine_info(), "date": time.strftime("%Y-%m-%d"),
                 "sweep_seconds": time.perf_counter() - t_start,
                 "summary": {a: {str(n): s for n, s in by_n.items()} for a, by_n in summary.items()},

@@ -28,3 +28,14 @@ def test_quick_sweep_writes_table_json_and_plots(tmp_path, capsys):
     table = (tmp_path / "smoke.md").read_text()
     assert table.count("\n") == 2 + 5  # header, rule, five (algorithm, n) rows
     assert "| interval | 2 |" in table and table in capsys.readouterr().out
+
+
+def test_quick_simulated_sweep_says_so(tmp_path):
+    doc = scaling.main(["--quick", "--simulate", "--threads", "4,32", "--algos",
+                        "hogwild,interval,sync", "--seeds", "1", "--name", "sim",
+                        "--out-dir", str(tmp_path)])
+    assert doc["simulated"] is True
+    assert set(doc["summary"]) == {"hogwild", "interval"}  # sync is not simulated
+    assert (tmp_path / "sim.md").read_text().startswith("SIMULATED")
+    hogwild = doc["summary"]["hogwild"]
+    assert hogwild["32"]["staleness_mean"] > hogwild["4"]["staleness_mean"]
