@@ -18,7 +18,7 @@ from iasgd import gate as G
 from iasgd import kernels as K
 from iasgd.atomics import atomic_add, atomic_cas, atomic_load, monotonic_ns
 
-HOGWILD, ASYNC, INTERVAL, SYNC = 0, 1, 2, 3
+HOGWILD, ASYNC, INTERVAL = 0, 1, 2  # the algorithms of async_worker
 
 # Columns of a worker's int64 counter row (rows padded to a cache line multiple).
 COMPUTED, APPLIED, DROPPED, TAU_SUM, TAU_MAX, WAIT_NS, STEPS_NS, VIOLATIONS = range(8)
