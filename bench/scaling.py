@@ -2,8 +2,11 @@
 
     python bench/scaling.py --threads 1,2,4,8,16 --seeds 3 --dataset cifar10 \\
         --archive ../shared/data/cifar-10-jpeg-python.tar.gz \\
-        --time-budget 60 --target-accuracy 0.45
+        --time-budget 45 --target-accuracy 0.5
     python bench/scaling.py --quick        # synthetic data, seconds per run
+
+The full sweep above is 123 runs; an interrupted sweep picks up where it
+stopped with --resume (finished runs are saved after each one).
 
 Every (algorithm, thread count, seed) runs on its own, one after another, for
 --time-budget seconds of training (evaluation excluded). The script prints a
@@ -61,12 +64,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dataset", default="cifar10", choices=datasets.DATASETS)
     p.add_argument("--data-dir", default=None)
     p.add_argument("--archive", default=None)
-    p.add_argument("--time-budget", type=float, default=60.0, help="training seconds per run")
-    p.add_argument("--target-accuracy", type=float, default=0.45,
+    p.add_argument("--time-budget", type=float, default=45.0, help="training seconds per run")
+    p.add_argument("--target-accuracy", type=float, default=0.5,
                    help="test accuracy whose time to reach is compared")
     p.add_argument("--name", default=None, help="results name (default: from the options)")
     p.add_argument("--out-dir", default=str(REPO / "bench" / "results"),
                    help="where the JSON, markdown and PNG files go")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the finished runs of an interrupted sweep with the same "
+                        "options (<name>.partial.json) and run only the rest")
     p.add_argument("--quick", action="store_true",
                    help="synthetic data, tiny budget: a smoke test in seconds")
     p.add_argument("--simulate", action="store_true",
@@ -99,6 +105,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         f"{'simulated-' if args.simulate else ''}{args.dataset}-"
         f"{'-'.join(map(str, args.threads))}")
     return args
+
+
+def sweep_options(args: argparse.Namespace) -> dict:
+    """The options that decide what each run computes (not where files go)."""
+    return {k: v for k, v in vars(args).items() if k not in ("resume", "out_dir", "data_dir",
+                                                               "archive")}
+
+
+def finished_runs(partial: Path, args: argparse.Namespace) -> dict[str, dict[int, list[dict]]]:
+    """The runs an interrupted sweep with the same options saved in `partial`;
+    exits with code 2 and one line when the options differ."""
+    if not partial.exists():
+        return {}
+    saved = json.loads(partial.read_text())
+    current = json.loads(json.dumps(sweep_options(args)))  # as the file holds them
+    changed = sorted(k for k in current.keys() | saved["options"].keys()
+                     if saved["options"].get(k) != current.get(k))
+    if changed:
+        print(f"scaling.py: {partial} was made with other options ({', '.join(changed)}); "
+              "rerun with those options, or without --resume to start over", file=sys.stderr)
+        raise SystemExit(2)
+    return {a: {int(n): rs for n, rs in by_n.items()} for a, by_n in saved["runs"].items()}
 
 
 def config_for(args: argparse.Namespace, algo: str, threads: int, seed: int) -> engine.TrainConfig:
@@ -261,16 +289,22 @@ def main(argv: list[str] | None = None) -> dict:
               f"{args.sim_cores or 'one core per worker'} cores")
     out = Path(args.out_dir) / args.name
     out.parent.mkdir(parents=True, exist_ok=True)
-    runs: dict[str, dict[int, list[dict]]] = {}
+    partial = out.with_suffix(".partial.json")
+    runs = finished_runs(partial, args) if args.resume else {}
     combos = [(a, n) for a in args.algos for n in args.threads
               if not (a == "sequential" and n != 1)]
+    todo = sum(args.seeds - len(runs.get(a, {}).get(n, [])) for a, n in combos)
+    print(f"{todo} runs of {args.time_budget:g} s of training each: "
+          f"{todo * args.time_budget / 60:.0f} min plus evaluation", flush=True)
     t_start = time.perf_counter()
     for i, (algo, n) in enumerate(combos, start=1):
-        for seed in range(args.seeds):
+        for seed in range(len(runs.get(algo, {}).get(n, [])), args.seeds):
             print(f"[{i}/{len(combos)}] {algo} n={n} seed={seed} ...", end=" ", flush=True)
             run = run_one(model, data, config_for(args, algo, n, seed), args.target_accuracy,
                           simulation)
             runs.setdefault(algo, {}).setdefault(n, []).append(run)
+            # after every run, so an interrupted sweep loses at most one run
+            metrics.write_json_atomic(partial, {"options": sweep_options(args), "runs": runs})
             print(f"{run['samples_per_s']:,.0f} samples/s, acc {100 * run['final_accuracy']:.1f}%",
                   flush=True)
     summary = {a: {n: summarise(rs) for n, rs in by_n.items()} for a, by_n in runs.items()}
@@ -286,6 +320,7 @@ def main(argv: list[str] | None = None) -> dict:
                 "runs": {a: {str(n): rs for n, rs in by_n.items()} for a, by_n in runs.items()}}
     metrics.write_json_atomic(out.with_suffix(".json"), document)
     out.with_suffix(".md").write_text(text + "\n")
+    partial.unlink(missing_ok=True)
     paths = plot(summary, runs, args, out)
     print(f"wrote {out.with_suffix('.json')}, {out.with_suffix('.md')} and "
           f"{', '.join(p.name for p in paths)}")

@@ -6,6 +6,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 import scaling
@@ -39,3 +41,39 @@ def test_quick_simulated_sweep_says_so(tmp_path):
     assert (tmp_path / "sim.md").read_text().startswith("SIMULATED")
     hogwild = doc["summary"]["hogwild"]
     assert hogwild["32"]["staleness_mean"] > hogwild["4"]["staleness_mean"]
+
+
+def test_interrupted_sweep_resumes_with_its_finished_runs(tmp_path, monkeypatch):
+    options = ["--quick", "--threads", "1,2", "--algos", "hogwild", "--seeds", "2",
+               "--name", "cut", "--out-dir", str(tmp_path)]
+    calls = []
+    real_run_one = scaling.run_one
+
+    def run_one_then_interrupt(*args, **kwargs):
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        calls.append(args[2])
+        return real_run_one(*args, **kwargs)
+
+    monkeypatch.setattr(scaling, "run_one", run_one_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        scaling.main(options)
+    saved = json.loads((tmp_path / "cut.partial.json").read_text())
+    assert [len(rs) for rs in saved["runs"]["hogwild"].values()] == [2, 1]
+
+    calls.clear()
+    doc = scaling.main([*options, "--resume"])
+    assert [(c.threads, c.seed) for c in calls] == [(2, 1)]  # only the missing run
+    assert not (tmp_path / "cut.partial.json").exists()
+    assert doc["runs"]["hogwild"]["1"] == saved["runs"]["hogwild"]["1"]
+    assert len(doc["runs"]["hogwild"]["2"]) == 2
+
+
+def test_resume_refuses_a_sweep_made_with_other_options(tmp_path, capsys):
+    (tmp_path / "x.partial.json").write_text(json.dumps(
+        {"options": {"seeds": 5}, "runs": {}}))
+    with pytest.raises(SystemExit) as stop:
+        scaling.main(["--quick", "--name", "x", "--out-dir", str(tmp_path), "--resume"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "other options" in err and "seeds" in err
