@@ -27,13 +27,10 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-
-import numpy as np  # noqa: E402
 
 from iasgd import data as datasets  # noqa: E402
 from iasgd import engine, metrics, models, sim  # noqa: E402
@@ -49,7 +46,6 @@ ALGOS = {  # name -> TrainConfig fields
     "elastic": {"algo": "hogwild", "threads_schedule": "window"},
     "async-tail": {"algo": "hogwild", "lr_schedule": "tail"},
 }
-SIMULATED = ("async", "hogwild", "interval")  # what iasgd.sim covers
 PASSED_THROUGH = ("batch_size", "lr", "momentum", "interval", "gate", "y0", "y_min",
                   "decay_every", "decay_by", "probe_offset", "probe_step", "probe_steps",
                   "exec_steps", "window")
@@ -77,8 +73,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="synthetic data, tiny budget: a smoke test in seconds")
     p.add_argument("--simulate", action="store_true",
                    help="simulate the threads (iasgd.sim) from measured step times; "
-                        "--time-budget is then in simulated seconds; algorithms the "
-                        "simulator does not cover are skipped")
+                        "--time-budget is then in simulated seconds; sequential (one "
+                        "thread, nothing to simulate) is skipped")
     p.add_argument("--sim-cores", type=int, default=None,
                    help="cores the simulated workers share (default: one each)")
     for name in PASSED_THROUGH:
@@ -98,7 +94,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.lr = 0.02
         args.probe_steps, args.exec_steps = 20, 60
     if args.simulate:
-        args.algos = [a for a in args.algos if a in SIMULATED]
+        args.algos = [a for a in args.algos if ALGOS[a]["algo"] in sim.SIMULATED_ALGOS]
         if args.quick:  # simulated seconds: a few epochs of the synthetic set
             args.time_budget = min(args.time_budget, 0.05)
     args.name = args.name or ("quick-" if args.quick else "") + (
@@ -142,9 +138,7 @@ def run_one(model, data, cfg: engine.TrainConfig, target: float, simulation=None
         result = engine.train(model, data, cfg)
     else:
         step_time, cores = simulation
-        epochs = simulated_epochs(data, cfg, step_time, cores)
-        result = sim.simulate(model, data, replace(cfg, epochs=epochs, time_budget=None),
-                              step_time, cores=cores)
+        result = sim.simulate(model, data, cfg, step_time, cores=cores)
     doc = metrics.results_document({}, result, model.num_params)
     curve = [[e["wall_s"], e["test_accuracy"]] for e in doc["epochs"]]
     reached = [t for t, acc in curve if acc >= target]
@@ -158,16 +152,6 @@ def run_one(model, data, cfg: engine.TrainConfig, target: float, simulation=None
         "final_accuracy": doc["final_test_accuracy"],
         "curve": curve,
     }
-
-
-def simulated_epochs(data, cfg: engine.TrainConfig, step_time, cores: int | None) -> int:
-    """Epochs that fill the time budget in simulated seconds (the simulator
-    has no budget of its own): from the mean step time and the cores in use."""
-    rng = np.random.default_rng(0)
-    mean_step = float(np.mean([step_time(rng) for _ in range(200)]))
-    busy = min(cfg.threads, cores or cfg.threads)
-    per_epoch = engine.steps_per_epoch(data.x_train.shape[0], cfg.batch_size) * mean_step / busy
-    return max(1, round(cfg.time_budget / per_epoch))
 
 
 def summarise(runs: list[dict]) -> dict:

@@ -344,10 +344,11 @@ def _test_accuracy(model: Model, params: np.ndarray, data: Dataset, result: RunR
     return metrics.accuracy(predictions, data.y_test)
 
 
-class _Controllers:
-    """The schedules of one parallel run: they read the smoothed loss and the
-    applied count, and steer y (the gate's Y_NEXT), the active thread count m
-    (the gate's M) and the step-size factors, recording what they did."""
+class Controllers:
+    """The schedules of one parallel run (threads here, or iasgd.sim): they
+    read the applied count and the smoothed loss, and steer y (the gate's
+    Y_NEXT), the active thread count m (the gate's M) and the step-size
+    factors by staleness, recording what they did."""
 
     def __init__(self, cfg: TrainConfig, quota: int, result: RunResult):
         self.cfg, self.result = cfg, result
@@ -372,32 +373,36 @@ class _Controllers:
                                  loss_scale=cfg.probe_loss_scale, low=cfg.y_min)
         return S.Fixed(y0)
 
-    def initial_y(self) -> int:
-        return self.y.value if self.y is not None else G.UNBOUNDED
+    def new_gate(self) -> np.ndarray:
+        """A gate state opening with the schedules' first y and m."""
+        return G.new_state(self.y.value if self.y is not None else G.UNBOUNDED,
+                           active=self.m.value if self.m is not None else self.cfg.threads)
 
-    def step(self, team: _Team, now: float) -> None:
-        """Look at the run now (`now`: training seconds so far) and steer."""
-        applied = team.total(W.APPLIED)
-        loss = self.monitor.window_mean(int(team.probe[W.LOSS_POS]))
+    def step(self, now: float, applied: int, losses_written: int, state: np.ndarray,
+             lr_factors: np.ndarray, staleness: Callable[[], np.ndarray]) -> None:
+        """Look at the run and steer. now: training seconds so far; applied:
+        updates applied; losses_written: losses the workers put in the
+        monitor's ring; state: the gate; lr_factors: (HIST_BINS,) step-size
+        factors, written in place; staleness: the run's histogram so far."""
+        loss = self.monitor.window_mean(losses_written)
         first = self.result.loss_first
         if self.y is not None:
             y = self.y.update(applied, now, loss, first)
-            if y != team.state[G.Y_NEXT] or not self.result.interval_trace:
-                team.state[G.Y_NEXT] = y  # the next interval opens with it
+            if y != state[G.Y_NEXT] or not self.result.interval_trace:
+                state[G.Y_NEXT] = y  # the next interval opens with it
                 self.result.interval_trace.append([now, applied, y])
         if self.m is not None:
             m = self.m.update(applied, now, loss, first)
-            if m != team.state[G.M] or not self.result.threads_trace:
-                G.set_active(team.state, m)
+            if m != state[G.M] or not self.result.threads_trace:
+                G.set_active(state, m)
                 self.result.threads_trace.append([now, applied, m])
         if self.tail_sample_at is not None and applied >= self.tail_sample_at:
-            sample = team.run_hist + team.hist.sum(axis=0)
-            team.lr_factors[:] = S.lr_factors("tail", HIST_BINS, self.cfg.threads,
-                                              self.cfg.tail_amplitude, sample)
+            lr_factors[:] = S.lr_factors("tail", HIST_BINS, self.cfg.threads,
+                                         self.cfg.tail_amplitude, staleness())
             self.tail_sample_at = None
 
-    def end_of_first_epoch(self, team: _Team) -> None:
-        self.result.loss_first = self.monitor.window_mean(int(team.probe[W.LOSS_POS]))
+    def end_of_first_epoch(self, losses_written: int) -> None:
+        self.result.loss_first = self.monitor.window_mean(losses_written)
 
     def logs(self) -> None:
         """The probe logs so far, into the result."""
@@ -424,13 +429,12 @@ class _Team:
     """The worker threads of one parallel run and everything they own."""
 
     def __init__(self, model: Model, data: Dataset, cfg: TrainConfig, params: np.ndarray,
-                 control: _Controllers):
+                 control: Controllers):
         n, b, P = cfg.threads, cfg.batch_size, model.num_params
         self.model, self.cfg = model, cfg
         self.params = params
         self.velocity = np.zeros_like(params)
-        self.state = G.new_state(control.initial_y(),
-                                 active=control.m.value if control.m else n)
+        self.state = control.new_gate()
         self.ring = control.monitor.ring
         self.probe = np.zeros(8, np.int64)
         self.images = data.x_train.reshape(data.x_train.shape[0], -1)
@@ -521,6 +525,11 @@ class _Team:
                            cfg.lr, cfg.momentum, self.lr_factors, self.counters[wid],
                            self.hist[wid], self.losses[wid], self.ring)
 
+    def steer(self, control: Controllers, now: float) -> None:
+        """Let the schedules look at this team's run and steer it."""
+        control.step(now, self.total(W.APPLIED), int(self.probe[W.LOSS_POS]), self.state,
+                     self.lr_factors, lambda: self.run_hist + self.hist.sum(axis=0))
+
     def end_epoch_stats(self) -> list[int]:
         """Fold this epoch's per-worker histograms into the run's; reset them
         and the loss sums for the next epoch. Returns the epoch's histogram."""
@@ -555,7 +564,7 @@ class _ParallelRun:
         self.model, self.data, self.cfg = model, data, cfg
         self.quota = steps_per_epoch(data.x_train.shape[0], cfg.batch_size)
         self.result = RunResult(status="completed")
-        self.control = _Controllers(cfg, self.quota, self.result)
+        self.control = Controllers(cfg, self.quota, self.result)
         self.team = _Team(model, data, cfg, model.init(cfg.seed), self.control)
         self.epoch, self.epoch_time, self.segment = 1, 0.0, 0
         if resume is not None:
@@ -596,7 +605,7 @@ class _ParallelRun:
                 elapsed = time.perf_counter() - t0
                 if not K.all_finite(team.params):  # a loss can stay finite on dead units
                     G.mark_diverged(team.state)
-                control.step(team, r.train_time_s + elapsed)
+                team.steer(control, r.train_time_s + elapsed)
                 hooks.on_progress((team.total(W.APPLIED) - start) * cfg.batch_size,
                                   team.live(start, elapsed))
                 why = hooks.should_stop() or (
@@ -605,7 +614,7 @@ class _ParallelRun:
                     reason.append(why)
                 return bool(why)
 
-            control.step(team, r.train_time_s)
+            team.steer(control, r.train_time_s)
             team.run_epoch(self.epoch, self.epoch * self.quota, self.segment, tick)
             self.epoch_time = time.perf_counter() - t0
             if not K.all_finite(team.params):
@@ -621,7 +630,7 @@ class _ParallelRun:
                 hooks.on_checkpoint(self.snapshot())  # mid-epoch: resume continues here
                 return r
             if self.epoch == 1:
-                control.end_of_first_epoch(team)
+                control.end_of_first_epoch(int(team.probe[W.LOSS_POS]))
             self._record_epoch(hooks, applied)
             if r.status != "completed":
                 break

@@ -174,8 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tail: factor 1 + A (1 - 2 F(tau))")
     g = p.add_argument_group("simulation (staleness of many threads, computed on one core)")
     g.add_argument("--simulate", action="store_true",
-                   help="simulate --threads workers instead of running them (hogwild, async, "
-                        "interval with a fixed y); times and throughput are simulated")
+                   help="simulate --threads workers instead of running them (sync, async, "
+                        "hogwild, interval, with their schedules); times, throughput and "
+                        "--time-budget are in simulated seconds")
     g.add_argument("--sim-cores", type=_positive_int, default=None,
                    help="cores the simulated workers share (default: one each)")
     g.add_argument("--sim-step-spread", type=_positive_float, default=None, metavar="SIGMA",
@@ -215,10 +216,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         train_config(args).check()
     except ValueError as e:
         raise UsageError(str(e)) from None
-    if args.simulate and (args.algo not in sim.SIMULATED_ALGOS or args.interval_schedule != "fixed"
-                          or args.threads_schedule != "fixed" or args.lr_schedule != "none"):
-        raise UsageError(f"--simulate covers --algo {', '.join(sim.SIMULATED_ALGOS)} with a fixed "
-                         "y, thread count and step size")
+    if args.simulate and args.algo not in sim.SIMULATED_ALGOS:
+        raise UsageError(f"--simulate covers --algo {', '.join(sim.SIMULATED_ALGOS)}; "
+                         f"--algo {args.algo} runs one thread, so run it for real")
+    if args.simulate and args.resume:
+        raise UsageError("--simulate runs are not checkpointed, so there is nothing to "
+                         "--resume; drop one of the two")
     return args
 
 

@@ -114,8 +114,9 @@ BAD = [
     (["--window", "0"], "--window"),
     (["--probe-steps", "0"], "--probe-steps"),
     (["--decay-every", "x"], "--decay-every"),
-    (["--simulate", "--algo", "sync", "--threads", "4"], "--simulate covers"),
+    (["--simulate", "--algo", "sequential"], "--simulate covers"),
     (["--simulate", "--sim-step-spread", "0"], "--sim-step-spread"),
+    (["--simulate", "--algo", "hogwild", "--threads", "4", "--resume", "x.h5"], "--resume"),
 ]
 
 

@@ -34,10 +34,11 @@ def test_quick_sweep_writes_table_json_and_plots(tmp_path, capsys):
 
 def test_quick_simulated_sweep_says_so(tmp_path):
     doc = scaling.main(["--quick", "--simulate", "--threads", "4,32", "--algos",
-                        "hogwild,interval,sync", "--seeds", "1", "--name", "sim",
+                        "sequential,hogwild,interval-decay,sync", "--seeds", "1", "--name", "sim",
                         "--out-dir", str(tmp_path)])
     assert doc["simulated"] is True
-    assert set(doc["summary"]) == {"hogwild", "interval"}  # sync is not simulated
+    # one thread has nothing to simulate
+    assert set(doc["summary"]) == {"hogwild", "interval-decay", "sync"}
     assert (tmp_path / "sim.md").read_text().startswith("SIMULATED")
     hogwild = doc["summary"]["hogwild"]
     assert hogwild["32"]["staleness_mean"] > hogwild["4"]["staleness_mean"]

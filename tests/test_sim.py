@@ -38,6 +38,8 @@ def mean_tau(hist) -> float:
     ("hogwild", 8, {}),
     ("interval", 2, {"interval": 4, "gate": "wait"}),
     ("interval", 8, {"interval": 4, "gate": "wait"}),
+    ("interval", 8, {"interval_schedule": "decay", "y0": 8, "y_min": 2, "decay_every": 100,
+                     "decay_by": 2}),
 ])
 def test_simulated_staleness_and_loss_agree_with_real_threads(problem, algo, threads, extra):
     model, data, step_times = problem
@@ -92,5 +94,109 @@ def test_128_simulated_threads_on_their_own_cores(tiny):
 def test_the_simulator_refuses_what_it_does_not_model(tiny):
     model, data = tiny
     with pytest.raises(ValueError, match="simulator covers"):
-        sim.simulate(model, data, engine.TrainConfig(algo="sync", threads=2),
+        sim.simulate(model, data, engine.TrainConfig(algo="sequential"),
                      sim.lognormal_steps(0.001, 0.1))
+
+
+def constant_steps(seconds: float):
+    return lambda rng: seconds
+
+
+@pytest.mark.parametrize(("threads", "cores"), [(4, 4), (8, 2), (5, 3)])
+def test_simulated_sync_rounds_take_as_long_as_their_steps_on_the_cores(tiny, threads, cores):
+    """Every update averages a round of `threads` gradients on the same
+    parameters (tau 0); with equal steps of t seconds a round of k steps
+    lasts max(t, k * t / cores), the time-sliced makespan (an epoch's last
+    round may have fewer than `threads`)."""
+    model, data = tiny
+    cfg = engine.TrainConfig(algo="sync", threads=threads, epochs=2, batch_size=4)
+    r = sim.simulate(model, data, cfg, constant_steps(0.001), cores=cores)
+    full, last = divmod(500, threads)
+    epoch_s = sum(max(0.001, k * 0.001 / cores) for k in [threads] * full + [last] * (last > 0))
+    assert r.applied == r.computed == 1000 == r.staleness_hist[0] == r.staleness_hist.sum()
+    assert r.train_time_s == pytest.approx(2 * epoch_s)
+    assert r.staleness_bound == 0 and r.status == "completed"
+    assert r.epochs[-1].train_loss < r.epochs[0].train_loss
+
+
+def test_simulated_decay_follows_its_formula_and_keeps_each_bound(tiny):
+    model, data = tiny
+    cfg = engine.TrainConfig(algo="interval", interval_schedule="decay", y0=12, y_min=3,
+                             decay_every=100, decay_by=2, threads=16, epochs=2, batch_size=4)
+    r = sim.simulate(model, data, cfg, sim.lognormal_steps(0.001, 0.3), cores=16)
+    ys = [y for _, _, y in r.interval_trace]
+    assert ys[0] == 12 and ys[-1] == 3 and ys == sorted(ys, reverse=True)
+    for _, applied, y in r.interval_trace:  # read every MONITOR_SECONDS: at most a tick late
+        assert y == max(3, 12 - 2 * (applied // 100))
+    assert r.bound_violations == 0
+    assert r.staleness_max <= r.staleness_bound == 11
+
+
+def test_simulated_probe_measures_slopes_and_executes_the_best(tiny):
+    model, data = tiny
+    cfg = engine.TrainConfig(algo="interval", interval_schedule="probe", y0=8, y_min=2,
+                             probe_offset=4, probe_step=2, probe_steps=40, exec_steps=100,
+                             threads=12, epochs=3, batch_size=4, lr=0.05)
+    r = sim.simulate(model, data, cfg, sim.lognormal_steps(0.001, 0.3), cores=12)
+    probes = [e for e in r.probe_log if "slope" in e]
+    chosen = [e["chosen"] for e in r.probe_log if "chosen" in e]
+    assert [e["value"] for e in probes[:5]] == [12, 10, 8, 6, 4]
+    assert chosen and chosen[0] in (12, 10, 8, 6, 4)
+    assert r.bound_violations == 0 and r.staleness_max <= r.staleness_bound
+
+
+def test_simulated_thread_window_parks_workers(tiny):
+    """m0 = 1 with a window of one value: only worker 0 ever runs, so
+    hogwild has no staleness and one core's worth of speed."""
+    model, data = tiny
+    cfg = engine.TrainConfig(algo="hogwild", threads=8, threads_schedule="window", m0=1,
+                             window=1, epochs=2, batch_size=4)
+    r = sim.simulate(model, data, cfg, constant_steps(0.001), cores=8)
+    assert r.staleness_hist[0] == r.applied == 1000
+    assert r.train_time_s == pytest.approx(1000 * 0.001)
+    assert {m for _, _, m in r.threads_trace} == {1}
+
+
+def test_simulated_thread_window_moves_m_and_staleness_follows(tiny):
+    model, data = tiny
+    cfg = engine.TrainConfig(algo="hogwild", threads=8, threads_schedule="window", window=6,
+                             probe_steps=30, exec_steps=60, epochs=2, batch_size=4)
+    r = sim.simulate(model, data, cfg, constant_steps(0.001), cores=8)
+    ms = [m for _, _, m in r.threads_trace]
+    assert ms[:4] == [8, 7, 6, 5] and min(ms) >= 1  # probes top-down from the centre
+    assert r.staleness_max <= 8  # a worker finishing twice in another's step: rare, bounded
+
+
+def test_simulated_step_sizes_follow_staleness(tiny):
+    """inverse scales each step by 1 / (tau + 1): no change where tau is
+    always 0 (one worker), a different run where it is not."""
+    model, data = tiny
+    steps = sim.lognormal_steps(0.001, 0.3)
+
+    def params(threads, schedule):
+        cfg = engine.TrainConfig(algo="hogwild", threads=threads, epochs=1, batch_size=4,
+                                 lr_schedule=schedule)
+        return sim.simulate(model, data, cfg, steps).params
+
+    assert params(1, "inverse").tobytes() == params(1, "none").tobytes()
+    assert params(6, "inverse").tobytes() != params(6, "none").tobytes()
+
+
+def test_simulated_time_budget_cuts_the_run_in_simulated_seconds(tiny):
+    model, data = tiny
+    cfg = engine.TrainConfig(algo="interval", threads=4, epochs=100, batch_size=4,
+                             time_budget=0.3)
+    r = sim.simulate(model, data, cfg, constant_steps(0.001))
+    assert r.status == "time_budget" and r.train_time_s == pytest.approx(0.3)
+    assert not r.epochs[-1].complete and r.epochs[-2].complete
+    assert r.applied == pytest.approx(0.3 / 0.001 * 4, abs=4)  # 4 workers, 1 ms steps
+
+
+@pytest.mark.parametrize("algo", ["hogwild", "sync"])
+def test_simulated_divergence_stops_the_run(tiny, algo):
+    model, data = tiny
+    cfg = engine.TrainConfig(algo=algo, threads=4, epochs=5, batch_size=4, lr=1e12,
+                             momentum=0.9)
+    r = sim.simulate(model, data, cfg, constant_steps(0.001))
+    assert r.status == "diverged" and r.diverged_at["epoch"] == 1
+    assert len(r.epochs) == 1
