@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -69,6 +70,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--resume", action="store_true",
                    help="keep the finished runs of an interrupted sweep with the same "
                         "options (<name>.partial.json) and run only the rest")
+    p.add_argument("--from-results", default=None, metavar="JSON",
+                   help="run nothing: rebuild the table and plots of a finished sweep "
+                        "from its results file (e.g. for another --target-accuracy)")
     p.add_argument("--quick", action="store_true",
                    help="synthetic data, tiny budget: a smoke test in seconds")
     p.add_argument("--simulate", action="store_true",
@@ -82,6 +86,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.add_argument("--" + name.replace("_", "-"), type=type(default) if default is not None
                        else int, default=default)
     args = p.parse_args(argv)
+    if args.from_results:  # the sweep's own options come from the file
+        return args
     args.threads = [int(n) for n in args.threads.split(",")]
     args.algos = args.algos.split(",")
     unknown = [a for a in args.algos if a not in ALGOS]
@@ -105,15 +111,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def sweep_options(args: argparse.Namespace) -> dict:
     """The options that decide what each run computes (not where files go)."""
-    return {k: v for k, v in vars(args).items() if k not in ("resume", "out_dir", "data_dir",
-                                                               "archive")}
+    return {k: v for k, v in vars(args).items()
+            if k not in ("resume", "out_dir", "data_dir", "archive", "from_results")}
 
 
-def finished_runs(partial: Path, args: argparse.Namespace) -> dict[str, dict[int, list[dict]]]:
-    """The runs an interrupted sweep with the same options saved in `partial`;
-    exits with code 2 and one line when the options differ."""
+def finished_runs(partial: Path, args: argparse.Namespace) -> tuple[dict, float]:
+    """The runs an interrupted sweep with the same options saved in `partial`,
+    and the seconds it ran; exits with code 2 and one line when the options
+    differ."""
     if not partial.exists():
-        return {}
+        return {}, 0.0
     saved = json.loads(partial.read_text())
     current = json.loads(json.dumps(sweep_options(args)))  # as the file holds them
     changed = sorted(k for k in current.keys() | saved["options"].keys()
@@ -122,7 +129,8 @@ def finished_runs(partial: Path, args: argparse.Namespace) -> dict[str, dict[int
         print(f"scaling.py: {partial} was made with other options ({', '.join(changed)}); "
               "rerun with those options, or without --resume to start over", file=sys.stderr)
         raise SystemExit(2)
-    return {a: {int(n): rs for n, rs in by_n.items()} for a, by_n in saved["runs"].items()}
+    runs = {a: {int(n): rs for n, rs in by_n.items()} for a, by_n in saved["runs"].items()}
+    return runs, saved["seconds"]
 
 
 def config_for(args: argparse.Namespace, algo: str, threads: int, seed: int) -> engine.TrainConfig:
@@ -141,17 +149,36 @@ def run_one(model, data, cfg: engine.TrainConfig, target: float, simulation=None
         result = sim.simulate(model, data, cfg, step_time, cores=cores)
     doc = metrics.results_document({}, result, model.num_params)
     curve = [[e["wall_s"], e["test_accuracy"]] for e in doc["epochs"]]
-    reached = [t for t, acc in curve if acc >= target]
     return {
         "samples_per_s": doc["samples_per_s"],
         "staleness_mean": doc["staleness"]["mean"],
         "staleness_max": doc["staleness"]["max"],
         "staleness_hist": doc["staleness"]["hist"],
         "acceptance_rate": doc["acceptance_rate"],
-        "time_to_target_s": reached[0] if reached else None,
+        "time_to_target_s": time_to_target(curve, target),
         "final_accuracy": doc["final_test_accuracy"],
         "curve": curve,
     }
+
+
+def time_to_target(curve: list[list[float]], target: float) -> float | None:
+    """Training seconds until the test accuracy first reaches `target`.
+    curve: [seconds, accuracy] at each epoch end. The crossing is
+    interpolated linearly between the two evaluations around it (accuracy
+    is measured only at epoch ends, seconds apart); it is the first
+    evaluation itself when that one already reaches the target. None: never."""
+    before = None
+    for t, acc in curve:
+        if acc is None or not math.isfinite(acc):  # a diverged run
+            before = None
+            continue
+        if acc >= target:
+            if before is None:
+                return t
+            t0, acc0 = before
+            return t0 + (target - acc0) / (acc - acc0) * (t - t0)
+        before = (t, acc)
+    return None
 
 
 def summarise(runs: list[dict]) -> dict:
@@ -258,8 +285,10 @@ def plot(summary: dict, runs: dict, args: argparse.Namespace, out: Path) -> list
     return paths
 
 
-def main(argv: list[str] | None = None) -> dict:
-    args = parse_args(argv)
+def run_sweep(args: argparse.Namespace, out: Path) -> tuple[dict, float]:
+    """Every (algorithm, threads, seed) run, one at a time, each saved in
+    <out>.partial.json as it finishes. Returns the runs by algorithm and
+    thread count, and the seconds the sweep took."""
     if args.quick:
         data = datasets.synthetic(seed=0, n_train=2000, n_test=300)
     else:
@@ -271,10 +300,8 @@ def main(argv: list[str] | None = None) -> dict:
         simulation = (sim.measured_steps(times), args.sim_cores)
         print(f"SIMULATED runs: step times measured here, mean {1e3 * times.mean():.2f} ms; "
               f"{args.sim_cores or 'one core per worker'} cores")
-    out = Path(args.out_dir) / args.name
-    out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_suffix(".partial.json")
-    runs = finished_runs(partial, args) if args.resume else {}
+    runs, seconds_before = finished_runs(partial, args) if args.resume else ({}, 0.0)
     combos = [(a, n) for a in args.algos for n in args.threads
               if not (a == "sequential" and n != 1)]
     todo = sum(args.seeds - len(runs.get(a, {}).get(n, [])) for a, n in combos)
@@ -288,27 +315,73 @@ def main(argv: list[str] | None = None) -> dict:
                           simulation)
             runs.setdefault(algo, {}).setdefault(n, []).append(run)
             # after every run, so an interrupted sweep loses at most one run
-            metrics.write_json_atomic(partial, {"options": sweep_options(args), "runs": runs})
+            metrics.write_json_atomic(partial, {
+                "options": sweep_options(args), "runs": runs,
+                "seconds": seconds_before + time.perf_counter() - t_start})
             print(f"{run['samples_per_s']:,.0f} samples/s, acc {100 * run['final_accuracy']:.1f}%",
                   flush=True)
+    return runs, seconds_before + time.perf_counter() - t_start
+
+
+def rescored_runs(args: argparse.Namespace) -> tuple[argparse.Namespace, dict, dict]:
+    """--from-results: the runs of a finished sweep, their time to target
+    recomputed from their accuracy curves for this --target-accuracy. Returns
+    the sweep's options (with this target, name and output folder), its runs
+    and the saved document."""
+    path = Path(args.from_results)
+    try:
+        saved = json.loads(path.read_text())
+        options, runs = saved["options"], saved["runs"]
+    except (OSError, ValueError, KeyError) as e:
+        print(f"scaling.py: --from-results {path}: not a sweep results file ({e})",
+              file=sys.stderr)
+        raise SystemExit(2) from None
+    keep = {"target_accuracy": args.target_accuracy, "out_dir": args.out_dir,
+            "name": args.name or path.stem}
+    args = argparse.Namespace(**{**options, **keep, "from_results": str(path)})
+    runs = {a: {int(n): rs for n, rs in by_n.items()} for a, by_n in runs.items()}
+    for by_n in runs.values():
+        for rs in by_n.values():
+            for run in rs:
+                run["time_to_target_s"] = time_to_target(run["curve"], args.target_accuracy)
+    return args, runs, saved
+
+
+def write_report(args: argparse.Namespace, runs: dict, out: Path, facts: dict) -> dict:
+    """Print the table; write <out>.json, <out>.md and the plots. facts:
+    machine, date and sweep_seconds of the sweep. Returns the JSON document."""
     summary = {a: {n: summarise(rs) for n, rs in by_n.items()} for a, by_n in runs.items()}
     text = table(summary, args)
     if args.simulate:
         text = "SIMULATED (iasgd.sim): times and throughput are simulated\n\n" + text
     print(text)
-    document = {"options": dict(vars(args)),
-                "simulated": bool(args.simulate),
-                "machine": metrics.machine_info(), "date": time.strftime("%Y-%m-%d"),
-                "sweep_seconds": time.perf_counter() - t_start,
+    document = {"options": dict(vars(args)), "simulated": bool(args.simulate), **facts,
                 "summary": {a: {str(n): s for n, s in by_n.items()} for a, by_n in summary.items()},
                 "runs": {a: {str(n): rs for n, rs in by_n.items()} for a, by_n in runs.items()}}
     metrics.write_json_atomic(out.with_suffix(".json"), document)
     out.with_suffix(".md").write_text(text + "\n")
-    partial.unlink(missing_ok=True)
     paths = plot(summary, runs, args, out)
     print(f"wrote {out.with_suffix('.json')}, {out.with_suffix('.md')} and "
           f"{', '.join(p.name for p in paths)}")
     return json.loads(out.with_suffix(".json").read_text())
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    if args.from_results:
+        args, runs, saved = rescored_runs(args)
+        facts = {k: saved[k] for k in ("machine", "date", "sweep_seconds")}
+        out = Path(args.out_dir) / args.name
+        out.parent.mkdir(parents=True, exist_ok=True)
+        return write_report(args, runs, out, facts)
+    out = Path(args.out_dir) / args.name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    runs, seconds = run_sweep(args, out)
+    facts = {"machine": metrics.machine_info(), "date": time.strftime("%Y-%m-%d"),
+             "sweep_seconds": seconds}
+    document = write_report(args, runs, out, facts)
+    out.with_suffix(".partial.json").unlink(missing_ok=True)
+    return document
 
 
 if __name__ == "__main__":

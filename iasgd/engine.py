@@ -664,12 +664,17 @@ class _ParallelRun:
         _collect_run_stats(self.team, self.result)
 
 
+def staleness_bound(cfg: TrainConfig, interval_trace: list[list[float]]) -> int | None:
+    """The largest staleness the algorithm allows (None: unbounded); with a
+    schedule of y each interval's bound is its own y - 1, so the run's is the
+    largest y used, minus 1."""
+    if cfg.algo == "interval":
+        return int(max(y for _, _, y in interval_trace)) - 1
+    return 0 if cfg.algo in ("sequential", "sync") else None
+
+
 def _collect_run_stats(team: _Team, result: RunResult) -> None:
-    cfg = team.cfg
-    if cfg.algo == "interval":  # each interval's bound is its own y - 1
-        result.staleness_bound = int(max(y for _, _, y in result.interval_trace)) - 1
-    else:
-        result.staleness_bound = 0 if cfg.algo == "sync" else None
+    result.staleness_bound = staleness_bound(team.cfg, result.interval_trace)
     result.bound_violations = team.total(W.VIOLATIONS)
     result.computed = team.total(W.COMPUTED)
     result.applied = team.total(W.APPLIED)

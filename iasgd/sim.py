@@ -44,6 +44,7 @@ from iasgd.engine import (
     EpochRecord,
     RunResult,
     TrainConfig,
+    staleness_bound,
     steps_per_epoch,
 )
 from iasgd.models import Model
@@ -360,8 +361,5 @@ def simulate(model: Model, data: Dataset, cfg: TrainConfig,
     result.staleness_hist = sim.hist
     nonzero = np.flatnonzero(sim.hist)
     result.staleness_max = int(nonzero[-1]) if nonzero.size else 0
-    if cfg.algo == "interval":  # each interval's bound is its own y - 1
-        result.staleness_bound = int(max(y for _, _, y in result.interval_trace)) - 1
-    else:
-        result.staleness_bound = 0 if cfg.algo == "sync" else None
+    result.staleness_bound = staleness_bound(cfg, result.interval_trace)
     return result

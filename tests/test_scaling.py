@@ -78,3 +78,35 @@ def test_resume_refuses_a_sweep_made_with_other_options(tmp_path, capsys):
     assert stop.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "other options" in err and "seeds" in err
+
+
+def test_time_to_target_interpolates_between_epoch_ends():
+    curve = [[2.0, 0.30], [4.0, 0.40], [6.0, 0.60], [8.0, 0.55]]
+    assert scaling.time_to_target(curve, 0.5) == pytest.approx(5.0)
+    assert scaling.time_to_target(curve, 0.6) == pytest.approx(6.0)
+    assert scaling.time_to_target(curve, 0.2) == 2.0  # reached at the first evaluation
+    assert scaling.time_to_target(curve, 0.7) is None
+    assert scaling.time_to_target([[1.0, None], [2.0, 0.9]], 0.5) == 2.0  # no estimate before
+
+
+def test_from_results_rescores_a_finished_sweep_for_another_target(tmp_path):
+    doc = scaling.main(["--quick", "--threads", "2", "--algos", "hogwild", "--seeds", "1",
+                        "--name", "done", "--out-dir", str(tmp_path)])
+    curve = doc["runs"]["hogwild"]["2"][0]["curve"]
+    target = curve[-1][1]  # surely reached, by the last epoch at the latest
+    again = scaling.main(["--from-results", str(tmp_path / "done.json"), "--target-accuracy",
+                          str(target), "--out-dir", str(tmp_path / "again")])
+    assert again["options"]["threads"] == [2] and again["options"]["target_accuracy"] == target
+    run = again["runs"]["hogwild"]["2"][0]
+    assert run["time_to_target_s"] == scaling.time_to_target(curve, target) is not None
+    assert again["machine"] == doc["machine"] and again["sweep_seconds"] == doc["sweep_seconds"]
+    assert (tmp_path / "again" / "done-accuracy.png").exists()
+    assert f"time to {100 * target:.0f}%" in (tmp_path / "again" / "done.md").read_text()
+
+
+def test_from_results_refuses_a_file_that_is_not_a_sweep(tmp_path, capsys):
+    (tmp_path / "x.json").write_text("{}")
+    with pytest.raises(SystemExit) as stop:
+        scaling.main(["--from-results", str(tmp_path / "x.json")])
+    assert stop.value.code == 2
+    assert "not a sweep results file" in capsys.readouterr().err
