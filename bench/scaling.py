@@ -199,6 +199,7 @@ def summarise(runs: list[dict]) -> dict:
 
 def table(summary: dict, args: argparse.Namespace) -> str:
     """Markdown table: one row per (algorithm, threads)."""
+    digits = 1 if args.time_budget >= 10 else 3  # simulated budgets are about a second
     lines = ["| algorithm | n | samples/s median (min-max) | mean tau | max tau | accepted | "
              f"time to {100 * args.target_accuracy:.0f}% (s) | vs async | acc at budget |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -206,7 +207,7 @@ def table(summary: dict, args: argparse.Namespace) -> str:
         for n, s in by_n.items():
             med, lo, hi = s["samples_per_s"]
             ttt = s["time_to_target_s"]
-            ttt_text = f"{ttt[0]:.1f} ± {ttt[1]:.1f}" if ttt else \
+            ttt_text = f"{ttt[0]:.{digits}f} ± {ttt[1]:.{digits}f}" if ttt else \
                 f"not reached ({s['reached']}/{args.seeds})"
             base = summary.get("async", {}).get(n, {}).get("time_to_target_s")
             ratio = f"{ttt[0] / base[0]:.2f}" if ttt and base else "-"
@@ -298,15 +299,19 @@ def run_sweep(args: argparse.Namespace, out: Path) -> tuple[dict, float]:
     if args.simulate:
         times = sim.measure_step_times(model, data, args.batch_size)
         simulation = (sim.measured_steps(times), args.sim_cores)
+        cores = f"{args.sim_cores} cores" if args.sim_cores else "one core per worker"
         print(f"SIMULATED runs: step times measured here, mean {1e3 * times.mean():.2f} ms; "
-              f"{args.sim_cores or 'one core per worker'} cores")
+              f"{cores}")
     partial = out.with_suffix(".partial.json")
     runs, seconds_before = finished_runs(partial, args) if args.resume else ({}, 0.0)
     combos = [(a, n) for a in args.algos for n in args.threads
               if not (a == "sequential" and n != 1)]
     todo = sum(args.seeds - len(runs.get(a, {}).get(n, [])) for a, n in combos)
-    print(f"{todo} runs of {args.time_budget:g} s of training each: "
-          f"{todo * args.time_budget / 60:.0f} min plus evaluation", flush=True)
+    if args.simulate:
+        print(f"{todo} runs of {args.time_budget:g} simulated s of training each", flush=True)
+    else:
+        print(f"{todo} runs of {args.time_budget:g} s of training each: "
+              f"{todo * args.time_budget / 60:.0f} min plus evaluation", flush=True)
     t_start = time.perf_counter()
     for i, (algo, n) in enumerate(combos, start=1):
         for seed in range(len(runs.get(algo, {}).get(n, [])), args.seeds):
