@@ -130,7 +130,7 @@ def finished_runs(partial: Path, args: argparse.Namespace) -> tuple[dict, float]
               "rerun with those options, or without --resume to start over", file=sys.stderr)
         raise SystemExit(2)
     runs = {a: {int(n): rs for n, rs in by_n.items()} for a, by_n in saved["runs"].items()}
-    return runs, saved["seconds"]
+    return runs, saved.get("seconds", 0.0)
 
 
 def config_for(args: argparse.Namespace, algo: str, threads: int, seed: int) -> engine.TrainConfig:
@@ -376,11 +376,10 @@ def main(argv: list[str] | None = None) -> dict:
     if args.from_results:
         args, runs, saved = rescored_runs(args)
         facts = {k: saved[k] for k in ("machine", "date", "sweep_seconds")}
-        out = Path(args.out_dir) / args.name
-        out.parent.mkdir(parents=True, exist_ok=True)
-        return write_report(args, runs, out, facts)
     out = Path(args.out_dir) / args.name
     out.parent.mkdir(parents=True, exist_ok=True)
+    if args.from_results:
+        return write_report(args, runs, out, facts)
     runs, seconds = run_sweep(args, out)
     facts = {"machine": metrics.machine_info(), "date": time.strftime("%Y-%m-%d"),
              "sweep_seconds": seconds}
