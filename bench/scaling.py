@@ -129,8 +129,12 @@ def finished_runs(partial: Path, args: argparse.Namespace) -> tuple[dict, float]
         print(f"scaling.py: {partial} was made with other options ({', '.join(changed)}); "
               "rerun with those options, or without --resume to start over", file=sys.stderr)
         raise SystemExit(2)
-    runs = {a: {int(n): rs for n, rs in by_n.items()} for a, by_n in saved["runs"].items()}
-    return runs, saved.get("seconds", 0.0)
+    return runs_by_threads(saved["runs"]), saved.get("seconds", 0.0)
+
+
+def runs_by_threads(saved: dict) -> dict[str, dict[int, list[dict]]]:
+    """Runs as a JSON file holds them (thread counts as strings), keyed by int."""
+    return {a: {int(n): rs for n, rs in by_n.items()} for a, by_n in saved.items()}
 
 
 def config_for(args: argparse.Namespace, algo: str, threads: int, seed: int) -> engine.TrainConfig:
@@ -344,7 +348,7 @@ def rescored_runs(args: argparse.Namespace) -> tuple[argparse.Namespace, dict, d
     keep = {"target_accuracy": args.target_accuracy, "out_dir": args.out_dir,
             "name": args.name or path.stem}
     args = argparse.Namespace(**{**options, **keep, "from_results": str(path)})
-    runs = {a: {int(n): rs for n, rs in by_n.items()} for a, by_n in runs.items()}
+    runs = runs_by_threads(runs)
     for by_n in runs.values():
         for rs in by_n.values():
             for run in rs:

@@ -254,11 +254,7 @@ class _Sim:
         if self.cfg.algo == "sync":
             self.run_sync_rounds(limit)
             return
-        self.events.clear()
-        self.runnable.clear()
-        self.waiting.clear()
-        self.parked.clear()
-        self.free_cores = self.cores
+        self.parked.clear()  # every worker starts the epoch afresh (or parks again)
         self.runnable.extend(w for w in range(self.cfg.threads) if self.start_step(w))
         self.dispatch()
         while self.events and self.stop is None:
