@@ -12,10 +12,18 @@ consistent. They act on `arr[i]` of a 1-d C-contiguous int64 array.
     sleep_us(us)        give the core away for about `us` microseconds (libc usleep)
     monotonic_ns()      CLOCK_MONOTONIC in nanoseconds (libc clock_gettime)
     futex_wait(arr, i, expected, timeout_us)
-                        sleep while the low 32 bits of arr[i] equal `expected`
-                        (Linux futex; elsewhere a plain sleep of timeout_us)
+                        sleep while the low 32 bits of arr[i] equal `expected`,
+                        at most timeout_us; may return early (callers re-check)
     futex_wake_all(arr, i)
                         wake every thread sleeping in futex_wait on arr[i]
+
+Platforms. Linux on x86_64 and aarch64 sleeps on futexes. Elsewhere (macOS,
+other Linux processors), or on Linux with IASGD_PORTABLE_WAIT=1, the portable
+wait sleeps PORTABLE_SLEEP_US at a time while the word is unchanged, and
+futex_wake_all does nothing: slower to wake, equally correct, since every
+waiter re-checks its condition. Other systems, and 32-bit ones, are refused
+at import with one line (the timespec layout and the libc calls used here
+are those of 64-bit Linux and macOS).
 
 With NUMBA_DISABLE_JIT=1 the same names are plain Python functions serialised by
 one lock, so the test suite still runs (slowly) without compilation.
@@ -23,7 +31,9 @@ one lock, so the test suite still runs (slowly) without compilation.
 
 from __future__ import annotations
 
+import os
 import platform
+import struct
 import threading
 import time
 
@@ -36,6 +46,21 @@ from numba.extending import intrinsic
 
 _ORDER = "seq_cst"
 _I64 = ir.IntType(64)
+
+_SYSTEM = platform.system()
+_MACHINE = platform.machine().lower()
+# CLOCK_MONOTONIC of <time.h>; timespec is {int64 tv_sec; int64 tv_nsec} on both
+_CLOCK_IDS = {"Linux": 1, "Darwin": 6}
+if _SYSTEM not in _CLOCK_IDS or struct.calcsize("P") != 8:
+    raise ImportError(f"iasgd runs on 64-bit Linux or macOS, not {_SYSTEM} {_MACHINE}: "
+                      "use one of those (on Windows, WSL2 works)")
+_CLOCK_MONOTONIC = _CLOCK_IDS[_SYSTEM]
+PORTABLE_WAIT_VARIABLE = "IASGD_PORTABLE_WAIT"
+_FUTEX_SYSCALLS = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98}
+_SYS_FUTEX = (_FUTEX_SYSCALLS.get(_MACHINE) if _SYSTEM == "Linux"
+              and os.environ.get(PORTABLE_WAIT_VARIABLE, "") in ("", "0") else None)
+WAIT_KIND = "futex" if _SYS_FUTEX is not None else "portable"
+PORTABLE_SLEEP_US = 20
 
 
 def _item_pointer(context, builder, arrty, arr, idx):
@@ -132,13 +157,10 @@ def _sleep_us(typingctx, us):
     return types.none(us), codegen
 
 
-_CLOCK_MONOTONIC = 1  # Linux
-
-
 @intrinsic
 def _monotonic_ns(typingctx):
     def codegen(context, builder, sig, args):
-        timespec = ir.LiteralStructType([_I64, _I64])  # tv_sec, tv_nsec on 64-bit Linux
+        timespec = ir.LiteralStructType([_I64, _I64])  # tv_sec, tv_nsec
         ts = cgutils.alloca_once(builder, timespec)
         fnty = ir.FunctionType(ir.IntType(32), [ir.IntType(32), timespec.as_pointer()])
         fn = cgutils.get_or_insert_function(builder.module, fnty, "clock_gettime")
@@ -150,8 +172,6 @@ def _monotonic_ns(typingctx):
     return types.int64(), codegen
 
 
-_SYS_FUTEX = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98}.get(
-    platform.machine().lower()) if platform.system() == "Linux" else None
 _FUTEX_WAIT_PRIVATE, _FUTEX_WAKE_PRIVATE = 128, 129
 _INT_MAX = 2**31 - 1
 
@@ -172,10 +192,18 @@ def _futex_wait(typingctx, arr, idx, expected, timeout_us):
 
     def codegen(context, builder, sig, args):
         us = context.cast(builder, args[3], sig.args[3], types.int64)
-        if _SYS_FUTEX is None:
-            fnty = ir.FunctionType(ir.IntType(32), [ir.IntType(32)])
-            fn = cgutils.get_or_insert_function(builder.module, fnty, "usleep")
-            builder.call(fn, [builder.trunc(us, ir.IntType(32))])
+        exp = context.cast(builder, args[2], sig.args[2], types.int64)
+        low = builder.and_(exp, ir.Constant(_I64, 0xFFFFFFFF))
+        if _SYS_FUTEX is None:  # portable: one short sleep while the word is unchanged
+            ptr = _item_pointer(context, builder, sig.args[0], args[0], args[1])
+            word = builder.and_(builder.load_atomic(ptr, _ORDER, 8),
+                                ir.Constant(_I64, 0xFFFFFFFF))
+            with builder.if_then(builder.icmp_unsigned("==", word, low)):
+                short = ir.Constant(_I64, PORTABLE_SLEEP_US)
+                pick = builder.select(builder.icmp_signed("<", us, short), us, short)
+                fnty = ir.FunctionType(ir.IntType(32), [ir.IntType(32)])
+                fn = cgutils.get_or_insert_function(builder.module, fnty, "usleep")
+                builder.call(fn, [builder.trunc(pick, ir.IntType(32))])
             return context.get_dummy_value()
         timespec = ir.LiteralStructType([_I64, _I64])
         ts = cgutils.alloca_once(builder, timespec)
@@ -183,8 +211,6 @@ def _futex_wait(typingctx, arr, idx, expected, timeout_us):
         builder.store(builder.sdiv(us, million), cgutils.gep_inbounds(builder, ts, 0, 0))
         builder.store(builder.mul(builder.srem(us, million), ir.Constant(_I64, 1000)),
                       cgutils.gep_inbounds(builder, ts, 0, 1))
-        exp = context.cast(builder, args[2], sig.args[2], types.int64)
-        low = builder.and_(exp, ir.Constant(_I64, 0xFFFFFFFF))
         _futex_call(context, builder, sig, args, _FUTEX_WAIT_PRIVATE, low,
                     builder.ptrtoint(ts, _I64))
         return context.get_dummy_value()
@@ -240,7 +266,7 @@ if numba.config.DISABLE_JIT:
 
     def futex_wait(arr: np.ndarray, i: int, expected: int, timeout_us: int) -> None:
         if int(arr[i]) & 0xFFFFFFFF == expected & 0xFFFFFFFF:
-            time.sleep(min(timeout_us, 1000) * 1e-6)
+            time.sleep(min(timeout_us, PORTABLE_SLEEP_US) * 1e-6)
 
     def futex_wake_all(arr: np.ndarray, i: int) -> None:
         pass  # sleepers in the fallback wake up by themselves

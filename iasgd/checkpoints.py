@@ -20,7 +20,7 @@ from iasgd import metrics
 from iasgd.engine import Snapshot
 
 FORMAT = "iasgd-checkpoint"
-VERSION = 1
+VERSION = 2  # 2: the gate state of persistent workers (DONE, deadline, ...)
 
 
 class CheckpointError(ValueError):

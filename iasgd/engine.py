@@ -14,7 +14,10 @@ arithmetic themselves.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -94,6 +97,10 @@ class TrainConfig:
                      "window"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{_option(name)} must be >= 1, got {getattr(self, name)}")
+        for name in ("interval", "y0"):
+            if (getattr(self, name) or 0) > G.MAX_Y:
+                raise ValueError(f"{_option(name)} must be <= {G.MAX_Y}, "
+                                 f"got {getattr(self, name)}")
         if self.algo == "sequential" and self.threads != 1:
             raise ValueError("--algo sequential runs one thread; pick --algo sync, async, "
                              "hogwild or interval for --threads > 1")
@@ -163,7 +170,8 @@ class RunResult:
     bound_violations: int = 0  # updates whose tau exceeded their interval's y - 1 (must be 0)
     diverged_at: dict | None = None  # {epoch, step} of the first non-finite loss
     loss_first: float | None = None  # smoothed loss at the end of epoch 1
-    interval_trace: list[list[float]] = field(default_factory=list)  # [t_s, applied, y]
+    # [t_s, applied, y]: y of the open interval, seen at each monitor tick when it changed
+    interval_trace: list[list[float]] = field(default_factory=list)
     threads_trace: list[list[float]] = field(default_factory=list)  # [t_s, applied, m]
     probe_log: list[dict] = field(default_factory=list)
 
@@ -387,10 +395,13 @@ class Controllers:
         loss = self.monitor.window_mean(losses_written)
         first = self.result.loss_first
         if self.y is not None:
-            y = self.y.update(applied, now, loss, first)
-            if y != state[G.Y_NEXT] or not self.result.interval_trace:
-                state[G.Y_NEXT] = y  # the next interval opens with it
-                self.result.interval_trace.append([now, applied, y])
+            # the trace holds the y of the interval open now, as it changes;
+            # a value put in Y_NEXT and replaced before any interval opened
+            # with it never bounded an update, so it is not recorded
+            trace, opened = self.result.interval_trace, int(state[G.Y])
+            if not trace or trace[-1][2] != opened:
+                trace.append([now, applied, opened])
+            state[G.Y_NEXT] = min(self.y.update(applied, now, loss, first), G.MAX_Y)
         if self.m is not None:
             m = self.m.update(applied, now, loss, first)
             if m != state[G.M] or not self.result.threads_trace:
@@ -426,7 +437,9 @@ class Controllers:
 
 
 class _Team:
-    """The worker threads of one parallel run and everything they own."""
+    """The worker threads of one parallel run and everything they own. The
+    threads live for the whole run (started once, before the clock): an
+    epoch is an allowance of tickets, between allowances they sleep."""
 
     def __init__(self, model: Model, data: Dataset, cfg: TrainConfig, params: np.ndarray,
                  control: Controllers):
@@ -457,64 +470,87 @@ class _Team:
         self.python_s = np.zeros(n)
         self.alive_s = np.zeros(n)
         self.errors: list[tuple[int, BaseException]] = []
+        self.threads: list[threading.Thread] = []
 
     def warm_up(self) -> None:
         """Load (or compile) the worker loop before the clock starts: a call
-        with no tickets returns at once."""
-        limit, counters = self.state[G.LIMIT], self.counters.copy()
-        self.state[G.LIMIT] = self.state[G.TICKETS]  # no tickets: no step is taken
-        self._worker_main(0, 0, 0)
+        on a stopped copy of the gate returns at once."""
+        state, counters = self.state, self.counters.copy()
+        self.state = state.copy()
+        self.state[G.STOP], self.state[G.LIMIT] = 1, self.state[G.DONE]
+        try:
+            self._call_loop(0)
+        except Exception as err:
+            self.errors.append((0, err))
+        finally:
+            self.state, self.counters[:] = state, counters
         self._raise_first_error()
-        self.state[G.LIMIT], self.counters[:] = limit, counters
-        self.python_s[:] = self.alive_s[:] = 0
 
-    def run_epoch(self, epoch: int, limit: int, segment: int,
-                  on_tick: Callable[[], bool]) -> None:
-        """Run all workers until `limit` gradients are applied since the start
-        of the run (or a stop). on_tick is called every MONITOR_SECONDS and
-        returns True to stop. segment: how often the run was resumed (it seeds
-        the workers' random streams along with the epoch)."""
-        self.state[G.LIMIT] = limit  # no worker runs: plain writes are safe
-        quota = limit - self.total(W.APPLIED)  # sync: gradients left in this epoch
-        threads = [threading.Thread(target=self._worker_main, args=(wid, epoch, quota, segment),
-                                    name=f"iasgd-worker-{wid}", daemon=True)
-                   for wid in range(self.cfg.threads)]
-        for t in threads:
+    def start(self, segment: int) -> None:
+        """Start every worker thread and wait until all are running; they
+        sleep until the first allowance. segment: how often the run was
+        resumed (it seeds the workers' random streams)."""
+        ready = [threading.Event() for _ in range(self.cfg.threads)]
+        self.threads = [threading.Thread(target=self._worker_main, args=(wid, segment, ready[wid]),
+                                         name=f"iasgd-worker-{wid}", daemon=True)
+                        for wid in range(self.cfg.threads)]
+        for t in self.threads:
             t.start()
-        for t in threads:
-            while t.is_alive():
-                t.join(MONITOR_SECONDS)
-                if t.is_alive() and on_tick():
-                    G.request_stop(self.state)
+        for event in ready:
+            event.wait()
+
+    def run_until(self, limit: int, on_tick: Callable[[], bool]) -> None:
+        """Allow updates until `limit` applied since the start of the run and
+        return when all are written and recorded, or when the run stopped and
+        every worker has left. on_tick is called every MONITOR_SECONDS and
+        returns True to stop."""
+        G.allow(self.state, limit)
+        timeout_us = int(MONITOR_SECONDS * 1e6)
+        while not G.wait_settled(self.state, timeout_us):
+            if on_tick() or self.errors:
+                G.request_stop(self.state)
+        if G.stopped(self.state):
+            self.join()
         self._raise_first_error()
+
+    def join(self) -> None:
+        """Stop the workers (they leave at their next check) and wait for them."""
+        G.request_stop(self.state)
+        for t in self.threads:
+            t.join()
+        self.threads = []
 
     def _raise_first_error(self) -> None:
         if self.errors:
             wid, err = self.errors[0]
             raise RuntimeError(f"worker {wid} failed: {type(err).__name__}: {err}") from err
 
-    def _worker_main(self, wid: int, epoch: int, quota: int, segment: int = 0) -> None:
+    def _worker_main(self, wid: int, segment: int, ready: threading.Event) -> None:
         t0 = time.perf_counter()
         inside0 = self.counters[wid, W.STEPS_NS]
         try:
-            seq = np.random.SeedSequence([self.cfg.seed, 2, wid, epoch, segment])
+            if self.cfg.threads > (os.cpu_count() or 1):
+                _yield_to_the_main_thread()
+            seq = np.random.SeedSequence([self.cfg.seed, 2, wid, segment])
             W.seed_stream(int(seq.generate_state(1)[0]))
-            self._call_loop(wid, epoch, quota)
+            ready.set()
+            self._call_loop(wid)
         except BaseException as err:  # stop everyone, hand the error to the caller
             self.errors.append((wid, err))
-            G.request_stop(self.state)
+            G.abort(self.state)
         finally:
+            ready.set()
             alive = time.perf_counter() - t0
             inside = (self.counters[wid, W.STEPS_NS] - inside0) / 1e9
             self.alive_s[wid] += alive
             self.python_s[wid] += max(alive - inside, 0.0)
 
-    def _call_loop(self, wid: int, epoch: int, quota: int) -> None:
+    def _call_loop(self, wid: int) -> None:
         cfg, ws = self.cfg, self.ws[wid]
         common = (ws.acts, ws.dacts, ws.argmax, ws.labels, self.idx[wid], ws.plan.conv,
                   ws.plan.dense, self.images, *self.transform, self.labels)
         if cfg.algo == "sync":
-            W.sync_worker(wid, cfg.threads, quota, self.state, self.probe, self.params,
+            W.sync_worker(wid, cfg.threads, self.state, self.probe, self.params,
                           self.velocity, self.grads, *common, cfg.lr, cfg.momentum,
                           self.counters[wid], self.hist[wid], self.losses[wid], self.ring,
                           self.senses[wid])
@@ -550,6 +586,24 @@ class _Team:
                     mean_tau=self.total(W.TAU_SUM) / max(applied, 1), m=m)
 
 
+WORKER_NICE = 10  # added to an oversubscribed worker's nice value (Linux)
+
+
+def _yield_to_the_main_thread() -> None:
+    """Lower this worker thread's priority. With more workers than cores the
+    main thread, which steers the run and stops it on Ctrl-C, would otherwise
+    wait behind every runnable worker (measured: no tick for 3 s with 128
+    workers on 2 cores); the workers still share the cores among themselves
+    as before. Linux gives each thread its own nice value; elsewhere, or
+    where the call is refused, nothing changes."""
+    if not sys.platform.startswith("linux"):
+        return
+    tid = threading.get_native_id()
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid)
+                                                 + WORKER_NICE))
+
+
 class _ParallelRun:
     """sync, async, hogwild or interval with cfg.threads worker threads. A
     snapshot taken between epochs or after a stop holds every shared array,
@@ -575,9 +629,9 @@ class _ParallelRun:
         team, meta = self.team, snap.meta
         for name in self.TEAM_ARRAYS:
             getattr(team, name)[...] = snap.arrays[name]
-        team.state[G.STOP] = 0  # the stop that ended the last segment is over
-        # a stop may have left sync's barrier half passed: start it afresh
-        team.state[G.BARRIER_COUNT] = 0
+        # the stop that ended the last segment, and its deadline, are over
+        team.state[[G.STOP, G.EXPIRED, G.DEADLINE, G.ABORT]] = 0
+        team.state[G.BARRIER_COUNT] = 0  # a stop leaves sync between rounds
         team.senses[:] = team.state[G.BARRIER_SENSE]
         self.epoch, self.epoch_time = meta["epoch"], meta["epoch_time"]
         self.segment = meta["segment"] + 1
@@ -593,8 +647,17 @@ class _ParallelRun:
         return Snapshot(arrays, meta)
 
     def run(self, hooks: Hooks, checkpoint_every: int = 0) -> RunResult:
+        self.team.warm_up()
+        self.team.start(self.segment)
+        try:
+            result = self._epochs(hooks, checkpoint_every)
+        finally:
+            self.team.join()
+        self._finish()
+        return result
+
+    def _epochs(self, hooks: Hooks, checkpoint_every: int) -> RunResult:
         cfg, team, control, r = self.cfg, self.team, self.control, self.result
-        team.warm_up()
         while self.epoch <= cfg.epochs:
             start = (self.epoch - 1) * self.quota  # applied updates before this epoch
             hooks.on_epoch_start(self.epoch, self.quota * cfg.batch_size)
@@ -602,21 +665,32 @@ class _ParallelRun:
             reason: list[str] = []
 
             def tick(t0: float = t0, start: int = start, reason: list = reason) -> bool:
+                # a stop first: with many threads per core this thread may
+                # get a core only every few hundred ms
+                why = hooks.should_stop()
+                if why:
+                    reason.append(why)
+                    return True
                 elapsed = time.perf_counter() - t0
                 if not K.all_finite(team.params):  # a loss can stay finite on dead units
                     G.mark_diverged(team.state)
                 team.steer(control, r.train_time_s + elapsed)
                 hooks.on_progress((team.total(W.APPLIED) - start) * cfg.batch_size,
                                   team.live(start, elapsed))
-                why = hooks.should_stop() or (
-                    "time_budget" if _over_budget(cfg, r.train_time_s + elapsed) else None)
-                if why and not reason:
-                    reason.append(why)
-                return bool(why)
+                if _over_budget(cfg, r.train_time_s + elapsed):  # if no worker could see it
+                    reason.append("time_budget")
+                    return True
+                return False
 
             team.steer(control, r.train_time_s)
-            team.run_epoch(self.epoch, self.epoch * self.quota, self.segment, tick)
+            if cfg.time_budget is not None:  # the workers stop themselves on time
+                spent = r.train_time_s + time.perf_counter() - t0
+                team.state[G.DEADLINE] = time.monotonic_ns() + int(
+                    (cfg.time_budget - spent) * 1e9)
+            team.run_until(self.epoch * self.quota, tick)
             self.epoch_time = time.perf_counter() - t0
+            if team.state[G.EXPIRED] and not reason:
+                reason.append("time_budget")
             if not K.all_finite(team.params):
                 G.mark_diverged(team.state)
             applied = team.total(W.APPLIED) - start
@@ -664,17 +738,17 @@ class _ParallelRun:
         _collect_run_stats(self.team, self.result)
 
 
-def staleness_bound(cfg: TrainConfig, interval_trace: list[list[float]]) -> int | None:
+def staleness_bound(cfg: TrainConfig, state: np.ndarray) -> int | None:
     """The largest staleness the algorithm allows (None: unbounded); with a
     schedule of y each interval's bound is its own y - 1, so the run's is the
-    largest y used, minus 1."""
+    largest y an interval opened with (the gate's Y_MAX), minus 1."""
     if cfg.algo == "interval":
-        return int(max(y for _, _, y in interval_trace)) - 1
+        return int(state[G.Y_MAX]) - 1
     return 0 if cfg.algo in ("sequential", "sync") else None
 
 
 def _collect_run_stats(team: _Team, result: RunResult) -> None:
-    result.staleness_bound = staleness_bound(team.cfg, result.interval_trace)
+    result.staleness_bound = staleness_bound(team.cfg, team.state)
     result.bound_violations = team.total(W.VIOLATIONS)
     result.computed = team.total(W.COMPUTED)
     result.applied = team.total(W.APPLIED)

@@ -241,7 +241,8 @@ def lr_factors(schedule: str, bins: int, threads: int, amplitude: float = 1.0,
     """Step-size factor for tau = 0 .. bins-1 (the last entry serves larger tau).
 
     inverse: 1 / (tau + 1); fleet: exp(-beta tau), beta = 2/(n+1) ln(1 + (n+1)/2);
-    tail: 1 + A (1 - 2 F(tau)), F the CDF of `staleness_sample` (a histogram).
+    tail: 1 + A (1 - 2 F(tau)), F the mid-point CDF of `staleness_sample` (a
+    histogram): F(tau) = P(t < tau) + P(t = tau) / 2.
     """
     tau = np.arange(bins, dtype=np.float64)
     if schedule == "none":
@@ -257,7 +258,12 @@ def lr_factors(schedule: str, bins: int, threads: int, amplitude: float = 1.0,
         else:
             hist = np.zeros(bins)
             hist[: min(bins, staleness_sample.size)] = staleness_sample[:bins]
-            cdf = np.cumsum(hist) / hist.sum()
+            # mid-point CDF, P(t < tau) + P(t = tau) / 2: its mean over the
+            # sample is exactly 1/2 for any distribution, so the mean factor
+            # is 1, and a one-point sample (every tau equal) leaves the step
+            # size unscaled (the plain CDF would zero it at A = 1)
+            p = hist / hist.sum()
+            cdf = np.cumsum(p) - p / 2
             factors = 1.0 + amplitude * (1.0 - 2.0 * cdf)
     else:
         raise ValueError(f"unknown lr schedule {schedule!r}; choose from {', '.join(LR_SCHEDULES)}")

@@ -204,7 +204,7 @@ class _Sim:
             G.return_ticket(self.state)
             return
         tau = int(G.begin_apply(self.state)) - wk.v_read
-        if cfg.algo == "interval" and tau > wk.y - 1:
+        if cfg.algo == "interval" and (G.crossed(self.state, wk.gen) or tau > wk.y - 1):
             self.violations += 1
         factor = self.lr_factors[min(tau, HIST_BINS - 1)]
         K.sgd_momentum_update(self.params, self.velocity, self.ws.grad, cfg.lr * factor,
@@ -357,5 +357,5 @@ def simulate(model: Model, data: Dataset, cfg: TrainConfig,
     result.staleness_hist = sim.hist
     nonzero = np.flatnonzero(sim.hist)
     result.staleness_max = int(nonzero[-1]) if nonzero.size else 0
-    result.staleness_bound = staleness_bound(cfg, result.interval_trace)
+    result.staleness_bound = staleness_bound(cfg, sim.state)
     return result

@@ -1,134 +1,219 @@
-"""The interval gate.
+"""The gate (iasgd.gate): its protocol at the level of single atomic steps,
+the compiled functions against the same code run as Python, threaded stress
+with a moving y, and the small pieces (tickets, barrier).
 
-A hypothesis state machine drives the real (compiled) gate functions through
-random interleavings of begin / commit / apply from k simulated workers, for
-random y (changed between intervals too) and both policies, and checks after
-every step: tau <= y - 1 of the interval the update was applied in; every
-completed interval holds exactly its y updates; no update read in an earlier
-interval is applied; the counters agree with a plain Python model.
+The interleaving checker (tests/gate_model.py) runs the real worker loop and
+gate functions as Python over model atomics, one atomic operation per step;
+hypothesis picks which thread takes each step while a controller moves
+Y_NEXT and M or stops the run, and every step is checked for the invariants
+listed in gate_model's doc, liveness included.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+import threading
 
+import numba as nb
 import numpy as np
-from hypothesis import settings
+import pytest
+from gate_model import Scenario, gate_namespace, run_scenario
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from iasgd import gate as G
+from iasgd import workers as W
+from iasgd.atomics import atomic_load, atomic_store, cpu_relax, sleep_us
 
-IDLE, COMPUTING, CLAIMED, APPLYING = "idle", "computing", "claimed", "applying"
-
-
-@dataclass
-class SimWorker:
-    phase: str = IDLE
-    gen: int = -1
-    v_read: int = -1
+# The mutation check (tests/mutants.py) raises the number of examples.
+MODEL_EXAMPLES = int(os.environ.get("IASGD_MODEL_EXAMPLES", "300"))
+model_settings = settings(max_examples=MODEL_EXAMPLES, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
 
 
-class GateMachine(RuleBasedStateMachine):
-    @initialize(y=st.integers(1, 9), k=st.integers(1, 6), policy=st.sampled_from(G.POLICIES))
-    def setup(self, y, k, policy):
-        self.policy = policy
-        self.state = G.new_state(y, limit=10**9)
-        self.workers = [SimWorker() for _ in range(k)]
-        self.y_of = {0: y}  # generation -> its interval size
-        self.applied_in = {0: 0}  # generation -> updates applied in it
-        self.applied = self.dropped = 0
-        self.taus: list[int] = []
-
-    def gen_now(self) -> int:
-        return int(G.generation(self.state))
-
-    @rule(w=st.integers(0, 5))
-    def advance(self, w):
-        """Move worker w one phase on: begin, commit, begin_apply, finish_apply."""
-        wk = self.workers[w % len(self.workers)]
-        {IDLE: self.begin, COMPUTING: self.commit, CLAIMED: self.apply_begin,
-         APPLYING: self.apply_finish}[wk.phase](wk)
-
-    def begin(self, wk):
-        if not G.take_ticket(self.state):
-            return
-        if self.policy == "wait":
-            gen = int(G.try_slot(self.state))
-            if gen < 0:  # no slot: a real worker would wait; give the ticket back
-                G.return_ticket(self.state)
-                return
-        else:
-            gen = self.gen_now()
-        wk.phase, wk.gen, wk.v_read = COMPUTING, gen, int(self.state[G.VERSION])
-
-    def commit(self, wk):
-        if self.policy == "drop" and not G.claim_slot(self.state, wk.gen):
-            assert wk.gen != self.gen_now() or self.taken() >= self.y_of[wk.gen]
-            G.return_ticket(self.state)
-            self.dropped += 1
-            wk.phase = IDLE
-            return
-        wk.phase = CLAIMED
-
-    def apply_begin(self, wk):
-        assert wk.gen == self.gen_now(), "an update read in an earlier interval got applied"
-        tau = int(G.begin_apply(self.state)) - wk.v_read
-        assert 0 <= tau <= self.y_of[wk.gen] - 1
-        self.taus.append(tau)
-        wk.phase = APPLYING
-
-    def apply_finish(self, wk):
-        gen = self.gen_now()
-        self.applied_in[gen] += 1
-        self.applied += 1
-        opened = G.finish_apply(self.state)
-        assert opened == (self.applied_in[gen] == self.y_of[gen])
-        if opened:
-            assert self.gen_now() == gen + 1
-            self.y_of[gen + 1] = int(self.state[G.Y])
-            self.applied_in[gen + 1] = 0
-        wk.phase = IDLE
-
-    @precondition(lambda self: hasattr(self, "state"))
-    @rule(y=st.integers(1, 9))
-    def controller_sets_next_y(self, y):
-        self.state[G.Y_NEXT] = y
-
-    def taken(self) -> int:
-        return int(self.state[G.GEN_TAKEN] & 0xFFFFFFFF)
-
-    @precondition(lambda self: hasattr(self, "state"))
-    @invariant()
-    def counters_agree_with_the_model(self):
-        gen = self.gen_now()
-        y = self.y_of[gen]
-        assert int(self.state[G.Y]) == y
-        assert 0 <= self.state[G.APPLIED] == self.applied_in[gen] <= self.taken() <= y
-        for g in range(gen):  # every completed interval holds exactly its y updates
-            assert self.applied_in[g] == self.y_of[g]
-        assert int(self.state[G.INTERVALS]) == gen
-        assert int(self.state[G.VERSION]) == self.applied + sum(
-            w.phase == APPLYING for w in self.workers)
-        holding = sum(w.phase != IDLE for w in self.workers)
-        assert int(self.state[G.TICKETS]) == self.applied + holding
-        assert self.state[G.TICKETS] <= self.state[G.LIMIT]
-        if self.policy == "wait":
-            # a slot is taken at begin: the slots of this interval are held by
-            # workers in flight or already applied
-            in_gen = sum(w.phase != IDLE and w.gen == gen for w in self.workers)
-            assert self.taken() == self.applied_in[gen] + in_gen
+@st.composite
+def scenarios(draw, algos=(W.INTERVAL,)):
+    # sampled_from: hypothesis starts from the first value, so the simplest
+    # example it tries already has two threads and intervals of two
+    threads = draw(st.sampled_from((2, 3, 1)))
+    action = st.one_of(st.tuples(st.just("y"), st.integers(1, 5)),
+                       st.tuples(st.just("m"), st.integers(1, threads)))
+    actions = draw(st.lists(action, max_size=4))
+    if draw(st.integers(0, 9)) == 0:
+        actions.insert(draw(st.integers(0, len(actions))), ("stop",))
+    return Scenario(algo=draw(st.sampled_from(algos)),
+                    policy=draw(st.sampled_from((G.WAIT, G.DROP))), threads=threads,
+                    y=draw(st.sampled_from((2, 3, 1, 4))), quota=draw(st.integers(1, 6)),
+                    epochs=draw(st.integers(1, 3)), actions=actions,
+                    m0=draw(st.one_of(st.none(), st.integers(1, threads))))
 
 
-TestGateMachine = GateMachine.TestCase
-TestGateMachine.settings = settings(max_examples=200, stateful_step_count=100, deadline=None)
+def bursts(seed: int) -> list[int]:
+    """A schedule of bursts: a thread choice repeated 1-12 times. Races need
+    one thread to run several steps while another is paused at just the
+    wrong one; hypothesis's own lists favour short, simple schedules, so it
+    picks the seed of a random one instead (a failure names its seed)."""
+    rng = np.random.default_rng(seed)
+    return [int(c) for c, n in zip(rng.integers(0, 6, 60), rng.integers(1, 13, 60), strict=True)
+            for _ in range(n)]
+
+
+schedules = st.integers(0, 2**32 - 1).map(bursts)
+
+
+@model_settings
+@given(sc=scenarios(), choices=schedules)
+def test_interval_protocol_in_every_interleaving(sc, choices):
+    run_scenario(sc, choices)
+
+
+@model_settings
+@given(sc=scenarios(algos=(W.HOGWILD, W.ASYNC)), choices=schedules)
+def test_unbounded_protocols_in_every_interleaving(sc, choices):
+    run_scenario(sc, choices)
+
+
+# ---------------------------------------------- the model is the compiled code
+
+_CALLS = ("take_ticket", "return_ticket", "try_slot", "claim_slot", "begin_apply",
+          "finish_apply", "settle", "settle_many", "allow", "set_active", "y_next",
+          "request_stop", "generation", "read_version", "commit_step", "enter_interval",
+          "sync_round_size", "settled", "crossed")
+
+
+def _call(g, state, name, arg):
+    fn = getattr(g, name)
+    if name in ("claim_slot", "crossed"):
+        return fn(state, arg % 3)
+    if name in ("settle_many", "allow", "set_active"):
+        return fn(state, arg)
+    if name == "commit_step":
+        return fn(state, arg % 3, arg % 2 == 0)
+    if name == "enter_interval":
+        return fn(state, False)
+    if name == "sync_round_size":
+        return fn(state, 3, arg)
+    return fn(state)
+
+
+@settings(max_examples=150, deadline=None)
+@given(y=st.integers(1, 5), calls=st.lists(st.tuples(st.sampled_from(_CALLS),
+                                                     st.integers(0, 9)), max_size=60))
+def test_compiled_gate_matches_the_model(y, calls):
+    """Single-threaded call sequences give the same returns and state arrays
+    compiled as in the model (which runs the same source as Python)."""
+    from gate_model import Scheduler
+
+    model = gate_namespace(Scheduler(np.zeros(1, np.int64)))
+    compiled_state, model_state = G.new_state(y, limit=4), G.new_state(y, limit=4)
+    for name, arg in calls:
+        if name == "y_next":
+            compiled_state[G.Y_NEXT] = model_state[G.Y_NEXT] = arg % 5 + 1
+            continue
+        expected = _call(G, compiled_state, name, arg)
+        got = _call(model, model_state, name, arg)
+        assert got == expected, name
+        np.testing.assert_array_equal(model_state, compiled_state, err_msg=name)
+
+
+# ------------------------------------------------- real threads, y moving fast
+
+STRESS_SEGMENT = 50_000
+
+
+@nb.njit(nogil=True, cache=True)
+def _stress_worker(state, wid, wait, drop, spin, out):
+    """The worker loop's protocol (iasgd.workers.async_worker) with a spin
+    for the gradient. out: [crossings or taus over y - 1, applied]."""
+    bad = applied = 0
+    while G.acquire_ticket(state, wid):
+        gen = G.enter_interval(state, wait)
+        if gen < 0:
+            break
+        v_read = G.read_version(state)
+        for _ in range(spin):
+            cpu_relax()
+        if (v_read + wid) % 16 == 0:
+            sleep_us(0)  # a system call now and then: the scheduler preempts here
+        if not G.commit_step(state, gen, drop):
+            G.return_ticket(state)
+            continue
+        tau = G.begin_apply(state) - v_read
+        if G.crossed(state, gen) or tau > atomic_load(state, G.Y) - 1:
+            bad += 1
+        G.finish_apply(state)
+        applied += 1
+        G.settle(state)
+    out[0] += bad
+    out[1] += applied
+
+
+@nb.njit(nogil=True, cache=True)
+def _move_y_and_m(state, low, high, seed, threads, moves_m, flag):
+    """Controller: rewrite Y_NEXT as fast as it can (alternating low and high,
+    or uniform in [low, high] when seed >= 0), and M now and then."""
+    np.random.seed(max(seed, 0))
+    i = 0
+    while atomic_load(flag, 0) == 0:
+        y = (low if i % 2 == 0 else high) if seed < 0 else np.random.randint(low, high + 1)
+        atomic_store(state, G.Y_NEXT, y)
+        if moves_m and i % 4096 == 0:
+            G.set_active(state, 1 + (i // 4096) % threads)
+        i += 1
+
+
+def stress(policy, low, high, updates, threads=4, seed=-1, moves_m=False, spin=20):
+    """Run `threads` stress workers for `updates` applied updates while the
+    controller moves y (and M); returns (violations, applied, state)."""
+    state = G.new_state(low)
+    out, flag = np.zeros((threads, 2), np.int64), np.zeros(1, np.int64)
+    wait, drop = policy == "wait", policy == "drop"
+    workers = [threading.Thread(target=_stress_worker,
+                                args=(state, wid, wait, drop, spin, out[wid]))
+               for wid in range(threads)]
+    controller = threading.Thread(target=_move_y_and_m,
+                                  args=(state, low, high, seed, threads, moves_m, flag))
+    controller.start()
+    for t in workers:
+        t.start()
+    for limit in range(STRESS_SEGMENT, updates + 1, STRESS_SEGMENT):
+        G.allow(state, limit)  # epochs: the workers sleep at each boundary
+        while not G.wait_settled(state, 1_000_000):
+            pass
+    G.request_stop(state)
+    for t in workers:
+        t.join(60)
+        assert not t.is_alive()
+    flag[0] = 1
+    controller.join(10)
+    return int(out[:, 0].sum()), int(out[:, 1].sum()), state
+
+
+@pytest.fixture(scope="module")
+def compiled_stress():
+    stress("wait", 2, 9, STRESS_SEGMENT, threads=1)  # compile before timing anything
+
+
+@pytest.mark.parametrize("policy", ["wait", "drop"])
+@pytest.mark.parametrize(("low", "high", "seed", "moves_m"), [
+    (2, 9, -1, False),  # the reproduction: y toggling 2 <-> 9
+    (1, 64, 7, False),  # y uniform in [1, 64]
+    (2, 9, -1, True),  # and M moving between 1 and 4
+])
+def test_moving_y_keeps_every_update_in_its_interval(compiled_stress, policy, low, high, seed,
+                                                     moves_m):
+    updates = 200_000
+    bad, applied, state = stress(policy, low, high, updates, seed=seed, moves_m=moves_m)
+    assert bad == 0
+    assert applied == updates == state[G.DONE] == state[G.VERSION] == state[G.TICKETS]
+    assert low <= state[G.Y_MAX] <= high
 
 
 def test_new_state_rejects_y_below_one():
-    import pytest
-
-    with pytest.raises(ValueError, match="y must be >= 1"):
+    with pytest.raises(ValueError, match=r"y must be in \[1, 2147483647\], got 0"):
         G.new_state(0)
+    with pytest.raises(ValueError, match="got 2147483648000"):
+        G.new_state(2**31 * 1000)
 
 
 def test_tickets_stop_at_the_limit_and_on_stop():
@@ -146,8 +231,6 @@ def test_tickets_stop_at_the_limit_and_on_stop():
 
 
 def test_barrier_releases_all_parties():
-    import threading
-
     state = G.new_state()
     parties, rounds = 3, 50
     passed = np.zeros(parties, np.int64)
@@ -166,3 +249,29 @@ def test_barrier_releases_all_parties():
         t.join(30)
         assert not t.is_alive()
     assert passed.tolist() == [rounds] * parties
+
+
+def test_a_stop_cancels_a_sync_round_for_every_party():
+    """The last party to arrive decides: with a stop set meanwhile, every
+    party is told 0 (apply nothing), never some 1 and some 0."""
+    state = G.new_state()
+    parties = 3
+    answers = np.full(parties, 9, np.int64)
+    arrived = threading.Barrier(parties - 1)
+
+    def party(i):
+        if i == parties - 1:  # the last one, after the stop
+            while state[G.BARRIER_COUNT] < parties - 1:
+                pass
+            G.request_stop(state)
+        else:
+            arrived.wait()
+        answers[i] = G.barrier(state, parties, 1)
+
+    threads = [threading.Thread(target=party, args=(i,)) for i in range(parties)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+        assert not t.is_alive()
+    assert answers.tolist() == [0, 0, 0]

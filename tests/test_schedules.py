@@ -149,13 +149,27 @@ def test_lr_factors_match_their_formulas():
     np.testing.assert_allclose(S.lr_factors("fleet", 50, 8), np.exp(-beta * tau), rtol=1e-6)
 
 
-def test_tail_factors_come_from_the_sample_cdf():
-    sample = np.array([10, 30, 40, 20])  # taus 0..3: CDF 0.1, 0.4, 0.8, 1.0
+def test_tail_factors_come_from_the_mid_point_cdf():
+    sample = np.array([10, 30, 40, 20])  # taus 0..3: P 0.1, 0.3, 0.4, 0.2
     f = S.lr_factors("tail", 6, 8, amplitude=0.5, staleness_sample=sample)
-    cdf = np.array([0.1, 0.4, 0.8, 1.0, 1.0, 1.0])
-    np.testing.assert_allclose(f, 1 + 0.5 * (1 - 2 * cdf), rtol=1e-6)
+    # F(tau) = P(t < tau) + P(t = tau) / 2, by hand
+    mid = np.array([0.05, 0.1 + 0.15, 0.4 + 0.2, 0.8 + 0.1, 1.0, 1.0])
+    np.testing.assert_allclose(f, 1 + 0.5 * (1 - 2 * mid), rtol=1e-6)
     assert f[0] > 1 > f[3]  # fresher than typical boosted, staler damped
+    # over the sample itself the mean factor is exactly 1
+    p = sample / sample.sum()
+    assert np.dot(p, f[:4]) == pytest.approx(1.0, abs=1e-6)
     np.testing.assert_allclose(S.lr_factors("tail", 6, 8, staleness_sample=None), 1.0)
+
+
+@pytest.mark.parametrize("tau", [0, 3])
+def test_tail_leaves_a_one_point_sample_unscaled(tau):
+    """Every sampled tau equal (one thread: all 0): the factor there is 1, not
+    the plain CDF's 1 - A = 0, which stopped one-thread runs from learning."""
+    sample = np.zeros(8)
+    sample[tau] = 2048
+    f = S.lr_factors("tail", 8, 1, amplitude=1.0, staleness_sample=sample)
+    assert f[tau] == pytest.approx(1.0)
 
 
 # ------------------------------------------------------- real runs, threads

@@ -127,8 +127,11 @@ def test_simulated_decay_follows_its_formula_and_keeps_each_bound(tiny):
     r = sim.simulate(model, data, cfg, sim.lognormal_steps(0.001, 0.3), cores=16)
     ys = [y for _, _, y in r.interval_trace]
     assert ys[0] == 12 and ys[-1] == 3 and ys == sorted(ys, reverse=True)
-    for _, applied, y in r.interval_trace:  # read every MONITOR_SECONDS: at most a tick late
-        assert y == max(3, 12 - 2 * (applied // 100))
+    for _, applied, y in r.interval_trace:
+        # y of the interval open at a tick: a value the formula gave, never
+        # ahead of it (a new y opens the next interval after the tick that set it)
+        assert y in (12, 10, 8, 6, 4, 3)
+        assert y >= max(3, 12 - 2 * (applied // 100))
     assert r.bound_violations == 0
     assert r.staleness_max <= r.staleness_bound == 11
 

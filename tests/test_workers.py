@@ -177,3 +177,70 @@ def test_the_gil_is_released_during_steps():
                                                                 epochs=1))
     assert result.max_concurrent_steps >= 2
     assert result.gil_fraction < 0.05
+
+
+# ------------------------------------------- 128 threads on a few cores
+
+@pytest.fixture(scope="module")
+def lenet_big():
+    """LeNet-5 and 2,500 updates per epoch: epochs far longer than the tests."""
+    return models.build("lenet", "synthetic"), datasets.synthetic(seed=0, n_train=40000,
+                                                                  n_test=50)
+
+
+def test_128_threads_stop_on_the_time_budget(lenet_big):
+    """The workers stop themselves at the deadline (the main thread may wait
+    long for a core): training time is the budget plus the steps in flight."""
+    model, data = lenet_big
+    cfg = engine.TrainConfig(algo="hogwild", threads=128, epochs=100, time_budget=2.0)
+    result = train_with_timeout(model, data, cfg)
+    assert result.status == "time_budget" and len(result.epochs) == 1
+    assert 2.0 <= result.train_time_s <= 2.0 + 0.15, result.train_time_s
+
+
+def test_128_threads_stop_within_100_ms_of_ctrl_c(lenet_big):
+    """A real SIGINT to this process: its handler asks the run to stop; the
+    time until every worker has left and the checkpoint is taken. Best of
+    three tries, so one stall of a busy machine does not decide."""
+    import os
+    import signal
+    import time
+
+    model, data = lenet_big
+    latencies = []
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        for _ in range(3):
+            box: dict = {}
+            signal.signal(signal.SIGINT,
+                          lambda signum, frame, box=box: box.setdefault("flag", True))
+
+            def interrupt(box=box):
+                time.sleep(1.0)  # training is under way
+                box["sent"] = time.monotonic()
+                os.kill(os.getpid(), signal.SIGINT)
+
+            hooks = engine.Hooks(
+                should_stop=lambda box=box: "interrupted" if box.get("flag") else None,
+                on_checkpoint=lambda snap, box=box: box.setdefault("saved", time.monotonic()))
+            threading.Thread(target=interrupt, daemon=True).start()
+            cfg = engine.TrainConfig(algo="hogwild", threads=128, epochs=100)
+            result = engine.train(model, data, cfg, hooks)
+            assert result.status == "interrupted"
+            latencies.append(box["saved"] - box["sent"])
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert min(latencies) < 0.1, latencies
+    assert max(latencies) < 1.0, latencies
+
+
+def test_128_threads_decay_moves_y_mid_epoch(lenet_big):
+    model, data = lenet_big
+    cfg = engine.TrainConfig(algo="interval", threads=128, epochs=1, interval_schedule="decay",
+                             y0=64, y_min=4, decay_every=200, decay_by=16)
+    result = train_with_timeout(model, data, cfg)
+    quota = engine.steps_per_epoch(40000, 16)
+    ys = [y for _, applied, y in result.interval_trace if applied < quota]
+    assert ys[0] == 64 and len(ys) >= 4 and ys[-1] < 64, result.interval_trace
+    assert result.bound_violations == 0
+    assert result.staleness_max <= result.staleness_bound == 63
