@@ -489,6 +489,8 @@ def uncached_kernels(algo: str, simulate: bool = False, cache_dir: str | None = 
     index file for: this run will compile them first."""
     import numba
 
+    if numba.config.DISABLE_JIT:  # nothing will be compiled
+        return []
     default = Path(workers.__file__).parent / "__pycache__"  # numba's, were CACHE_DIR unset
     base = Path(cache_dir or numba.config.CACHE_DIR or default)
     tag = f"py{sys.version_info.major}{sys.version_info.minor}.nbi"
