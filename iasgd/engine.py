@@ -191,7 +191,8 @@ class Hooks:
     """Callbacks of a run; all optional. should_stop is polled several times a
     second and returns a reason (the run's status, e.g. "interrupted") to stop
     at the workers' next step; on_checkpoint receives a Snapshot every
-    `checkpoint_every` epochs and when the run is stopped that way."""
+    `checkpoint_every` epochs, when the run is stopped that way or by its time
+    budget, and after its last epoch (a resume with more epochs extends it)."""
 
     on_epoch_start: Callable[[int, int], None] = lambda epoch, num_samples: None
     on_progress: Callable[[int, Live], None] = lambda samples_done, live: None
@@ -312,11 +313,13 @@ class _SequentialRun:
             if r.status not in ("completed", "time_budget", "diverged"):
                 hooks.on_checkpoint(self.snapshot())  # mid-epoch: resume continues here
                 return r
+            if r.status == "time_budget":  # before the cut epoch is recorded: a resume ends it
+                hooks.on_checkpoint(self.snapshot())
             self._record_epoch(hooks)
             if r.status != "completed":
                 return r
             self.order, self.epoch = None, self.epoch + 1
-            if checkpoint_every and (self.epoch - 1) % checkpoint_every == 0:
+            if _checkpoint_due(self.epoch, cfg.epochs, checkpoint_every):
                 hooks.on_checkpoint(self.snapshot())
         return r
 
@@ -339,6 +342,11 @@ class _SequentialRun:
         )
         r.epochs.append(record)
         hooks.on_epoch_end(record)
+
+
+def _checkpoint_due(next_epoch: int, epochs: int, every: int) -> bool:
+    """A checkpoint every `every` epochs (0: none) and after the last one."""
+    return next_epoch > epochs or (every > 0 and (next_epoch - 1) % every == 0)
 
 
 def _over_budget(cfg: TrainConfig, seconds: float) -> bool:
@@ -703,13 +711,16 @@ class _ParallelRun:
                 self._finish()
                 hooks.on_checkpoint(self.snapshot())  # mid-epoch: resume continues here
                 return r
+            if r.status == "time_budget":  # before the cut epoch is recorded: a resume ends it
+                self._finish()
+                hooks.on_checkpoint(self.snapshot())
             if self.epoch == 1:
                 control.end_of_first_epoch(int(team.probe[W.LOSS_POS]))
             self._record_epoch(hooks, applied)
             if r.status != "completed":
                 break
             self.epoch, self.epoch_time = self.epoch + 1, 0.0
-            if checkpoint_every and (self.epoch - 1) % checkpoint_every == 0:
+            if _checkpoint_due(self.epoch, cfg.epochs, checkpoint_every):
                 self._finish()
                 hooks.on_checkpoint(self.snapshot())
         self._finish()

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
-from iasgd import checkpoints, engine, metrics, models, schedules, sim
+from iasgd import checkpoints, engine, metrics, models, schedules, sim, workers
 from iasgd import data as datasets
 
 EXIT_USAGE = 2
@@ -26,6 +26,10 @@ EXIT_DIVERGED = 3
 EXIT_SIGINT = 130
 EXIT_SIGTERM = 143
 MAX_THREADS = 1024  # far beyond any CPU this runs on; a typo guard
+# Seconds numba takes to compile, with an empty cache, on a 2-core VM (2026-11):
+# the training step with every layer kernel, and a parallel worker loop on top.
+KERNELS_COMPILE_S = 20
+WORKER_LOOP_COMPILE_S = 10
 
 
 class UsageError(Exception):
@@ -187,10 +191,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="results JSON (config, status, per-epoch records), written atomically")
     g.add_argument("--quiet", action="store_true", help="print only errors")
     g.add_argument("--checkpoint", default=None, metavar="PATH",
-                   help="checkpoint file (HDF5), written on Ctrl-C/SIGTERM and every "
+                   help="checkpoint file (HDF5), written at the end of the run (--resume it "
+                        "with more --epochs to extend the run), on Ctrl-C/SIGTERM and every "
                         "--checkpoint-every epochs (default: beside --out, as NAME.ckpt.h5)")
     g.add_argument("--checkpoint-every", type=_nonneg_int, default=0, metavar="EPOCHS",
-                   help="also write the checkpoint every this many epochs (0: only when stopped)")
+                   help="also write the checkpoint every this many epochs (0: only at the end "
+                        "and when stopped)")
+    g.add_argument("--no-checkpoint", action="store_true",
+                   help="write no checkpoint at all (a stopped run cannot be resumed)")
     g.add_argument("--resume", default=None, metavar="PATH",
                    help="continue the run saved in this checkpoint, with its configuration "
                         "(--epochs, --time-budget and output options may change)")
@@ -208,6 +216,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.seed < 0:
         raise UsageError(f"--seed must be >= 0, got {args.seed}")
     _check_writable_file("--out", args.out)
+    if args.no_checkpoint and (args.checkpoint is not None or args.checkpoint_every):
+        option = "--checkpoint" if args.checkpoint is not None else "--checkpoint-every"
+        raise UsageError(f"--no-checkpoint and {option} contradict each other; drop one")
     if args.checkpoint is not None:
         _check_writable_file("--checkpoint", args.checkpoint)
     if args.archive is not None and not Path(args.archive).exists():
@@ -267,7 +278,20 @@ class Display:
         if not self.quiet:
             print(line, flush=True)
 
+    def compiling(self, seconds: int) -> None:
+        """The kernels are about to be compiled (an empty numba cache)."""
+        self.say(f"compiling kernels, first run only, about {seconds} s")
+        self._compile_t0 = time.perf_counter()
+
+    def compiled(self) -> None:
+        """Compilation is over: say how long it took (once; only after `compiling`)."""
+        t0 = vars(self).pop("_compile_t0", None)
+        if t0 is not None:
+            self.say(f"kernels compiled in {time.perf_counter() - t0:.1f} s; later runs load "
+                     "them from numba's cache")
+
     def epoch_start(self, epoch: int, num_samples: int) -> None:
+        self.compiled()  # the engine compiles before the first epoch starts
         if self.quiet:
             return
         from tqdm import tqdm  # progress bars are a solved problem; tqdm solves it
@@ -334,7 +358,7 @@ def default_checkpoint(out: str) -> str:
 
 # Options a resumed run may change; everything else is the saved run's.
 RESUME_MAY_CHANGE = {"epochs", "time_budget", "out", "quiet", "checkpoint", "checkpoint_every",
-                     "data_dir", "archive", "resume"}
+                     "no_checkpoint", "data_dir", "archive", "resume"}
 
 
 def resumed_args(args: argparse.Namespace, argv: list[str]) -> tuple[argparse.Namespace, object]:
@@ -351,13 +375,32 @@ def resumed_args(args: argparse.Namespace, argv: list[str]) -> tuple[argparse.Na
             raise UsageError(f"--resume {args.resume} continues a run with {option} "
                              f"{saved[name]}, not {getattr(args, name)}: a resume cannot change "
                              f"the {what}; start a new run instead")
-    merged = {**saved, **{k: getattr(args, k) for k in RESUME_MAY_CHANGE if k in given}}
+    merged = {**saved, **{k: getattr(args, k) for k in RESUME_MAY_CHANGE
+                          if k in given or k not in saved}}  # not in saved: an older iasgd
     merged["resume"] = args.resume
     if "out" not in given:
         merged["out"] = args.out
     if merged.get("hidden") is not None:
         merged["hidden"] = tuple(merged["hidden"])
-    return argparse.Namespace(**merged), snapshot
+    merged = argparse.Namespace(**merged)
+    _check_work_left(merged, snapshot)
+    return merged, snapshot
+
+
+def _check_work_left(args: argparse.Namespace, snapshot: engine.Snapshot) -> None:
+    """A resume that would train nothing is refused: all --epochs done, or the
+    --time-budget already spent (training seconds)."""
+    meta = snapshot.meta
+    done = meta.get("epoch", 1) - 1  # epochs finished; `epoch` is the next one to run
+    if done >= args.epochs:
+        raise UsageError(f"--resume {args.resume}: the run has finished {done} epochs, "
+                         f"--epochs is {args.epochs}; give --epochs more than {done} to "
+                         "extend it")
+    spent = meta.get("result", {}).get("train_time_s", 0.0) + meta.get("epoch_time", 0.0)
+    if args.time_budget is not None and spent >= args.time_budget:
+        raise UsageError(f"--resume {args.resume}: the run has trained {spent:.1f}s, "
+                         f"--time-budget is {args.time_budget:g}; give a larger --time-budget "
+                         "to continue it")
 
 
 def _comparable(value: object) -> object:
@@ -394,6 +437,10 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return EXIT_USAGE
     display.say(describe(args, model, data, time.perf_counter() - t0))
+    if not args.quiet:
+        missing = uncached_kernels(args.algo, args.simulate)
+        if missing:
+            display.compiling(compile_seconds(missing))
     if args.simulate:
         return simulate_and_report(args, model, data, display)
     return train_and_report(args, model, data, display, snapshot)
@@ -403,6 +450,7 @@ def simulate_and_report(args: argparse.Namespace, model: models.Model, data: dat
                         display: Display) -> int:
     """--simulate: the run's staleness and loss from iasgd.sim; times simulated."""
     measured = sim.measure_step_times(model, data, args.batch_size)
+    display.compiled()
     if args.sim_step_spread is None:
         step_time, how = sim.measured_steps(measured), "measured single-thread step times"
     else:
@@ -420,6 +468,48 @@ def simulate_and_report(args: argparse.Namespace, model: models.Model, data: dat
     metrics.write_json_atomic(args.out, document)
     report(display, document, args.out)
     return 0
+
+
+def kernel_entries(algo: str, simulate: bool = False) -> list[str]:
+    """The compiled functions a run calls from Python, as numba names their
+    cache index files (`module.function`); each compiles what it calls. A
+    parallel run's worker loop is `workers.<loop>`, or any `workers.` entry if
+    that loop has been renamed."""
+    if algo == "sequential" or simulate:
+        return ["kernels.train_steps", "kernels.predict_images"]
+    loop = "sync_worker" if algo == "sync" else "async_worker"
+    return ["kernels.network_loss_and_grad",  # the layer kernels a worker loop calls
+            f"workers.{loop}" if hasattr(workers, loop) else "workers.",
+            "kernels.predict_images"]
+
+
+def uncached_kernels(algo: str, simulate: bool = False, cache_dir: str | None = None) -> list[str]:
+    """Those of `kernel_entries` that numba's on-disk cache (default: the
+    directory numba.config.CACHE_DIR names, see iasgd/__init__.py) has no
+    index file for: this run will compile them first."""
+    import numba
+
+    if numba.config.DISABLE_JIT:  # nothing will be compiled
+        return []
+    default = Path(workers.__file__).parent / "__pycache__"  # numba's, were CACHE_DIR unset
+    base = Path(cache_dir or numba.config.CACHE_DIR or default)
+    tag = f"py{sys.version_info.major}{sys.version_info.minor}.nbi"
+    if not base.is_dir():
+        return kernel_entries(algo, simulate)
+    found = {index.name for index in base.rglob(f"*.{tag}")}
+    return [entry for entry in kernel_entries(algo, simulate)
+            if not any(name.startswith(entry if entry.endswith(".") else f"{entry}-")
+                       for name in found)]
+
+
+def compile_seconds(missing: list[str]) -> int:
+    """About how long compiling the `missing` entries takes (see KERNELS_COMPILE_S)."""
+    seconds = 0
+    if {"kernels.train_steps", "kernels.network_loss_and_grad"} & set(missing):
+        seconds += KERNELS_COMPILE_S
+    if any(e.startswith("workers.") for e in missing):
+        seconds += WORKER_LOOP_COMPILE_S
+    return max(seconds, 5)  # evaluation alone (predict_images) is a few seconds
 
 
 def workspace_bytes(model: models.Model, args: argparse.Namespace) -> int:
@@ -452,8 +542,9 @@ def train_and_report(args: argparse.Namespace, model: models.Model, data: datase
     saved: list[str] = []
 
     def write_checkpoint(snap: engine.Snapshot) -> None:
-        checkpoints.save(checkpoint_path, config, snap)
-        saved.append(checkpoint_path)
+        if not args.no_checkpoint:
+            checkpoints.save(checkpoint_path, config, snap)
+            saved.append(checkpoint_path)
 
     interrupts = Interrupts()
     interrupts.install()
@@ -470,9 +561,16 @@ def train_and_report(args: argparse.Namespace, model: models.Model, data: datase
     metrics.write_json_atomic(args.out, document)
     report(display, document, args.out)
     if result.status == "interrupted":
-        print(f"iasgd: interrupted; checkpoint in {checkpoint_path}, results so far in "
-              f"{args.out}; continue with --resume {checkpoint_path}", file=sys.stderr)
+        where = (f"checkpoint in {checkpoint_path}, results so far in {args.out}; continue "
+                 f"with --resume {checkpoint_path}" if saved else
+                 f"results so far in {args.out} (no checkpoint: --no-checkpoint)")
+        print(f"iasgd: interrupted; {where}", file=sys.stderr)
         return interrupts.exit_code()
+    if saved and result.diverged_at is None:
+        more = ("a larger --time-budget" if result.status == "time_budget"
+                else f"--epochs {2 * args.epochs}")
+        display.say(f"checkpoint in {checkpoint_path}; to train on: python -m iasgd.run "
+                    f"--resume {checkpoint_path} {more}")
     if result.diverged_at is not None:
         where = result.diverged_at
         print(f"iasgd: diverged at epoch {where['epoch']}, step {where['step']}: the loss is "

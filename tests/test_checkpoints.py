@@ -4,6 +4,8 @@ a failed write leaves the old checkpoint whole."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -87,12 +89,36 @@ def test_parallel_resume_completes_the_run(synthetic, tmp_path, algo, extra):
         assert resumed.interval_trace[: len(first.interval_trace)] == first.interval_trace
 
 
-def test_checkpoint_every_writes_at_epoch_ends(synthetic):
+@pytest.mark.parametrize(("every", "seen"), [(2, [3, 5]), (3, [4, 5]), (0, [5])])
+def test_checkpoint_every_writes_at_epoch_ends_and_after_the_last(synthetic, every, seen):
     model = models.build("lenet", "synthetic")
     epochs_seen = []
     hooks = engine.Hooks(on_checkpoint=lambda snap: epochs_seen.append(snap.meta["epoch"]))
-    engine.train(model, synthetic, engine.TrainConfig(epochs=4), hooks, checkpoint_every=2)
-    assert epochs_seen == [3, 5]  # taken after epochs 2 and 4: the next epoch to run
+    engine.train(model, synthetic, engine.TrainConfig(epochs=4), hooks, checkpoint_every=every)
+    assert epochs_seen == seen  # meta["epoch"]: the next epoch to run; 5 = after the last
+
+
+@pytest.mark.parametrize("algo", ["sequential", "hogwild"])
+def test_a_run_stopped_by_its_time_budget_resumes(synthetic, tmp_path, algo):
+    """The checkpoint is taken before the cut epoch is recorded, so a resume
+    finishes that epoch once (sequential: bit-identically)."""
+    model = models.build("lenet", "synthetic")
+    threads = 1 if algo == "sequential" else 2
+    cfg = engine.TrainConfig(algo=algo, threads=threads, epochs=2, batch_size=8, lr=0.02, seed=3)
+    path = tmp_path / "c.h5"
+    hooks = engine.Hooks(on_checkpoint=lambda snap: checkpoints.save(path, {}, snap))
+    cut = engine.train(model, synthetic, dataclasses.replace(cfg, time_budget=1e-4), hooks)
+    assert cut.status == "time_budget" and not cut.epochs[-1].complete
+    _, snap = checkpoints.load(path)
+    resumed = engine.train(model, synthetic, cfg, resume=snap)
+    quota = engine.steps_per_epoch(2000, 8)
+    assert resumed.status == "completed"
+    assert [(e.epoch, e.complete) for e in resumed.epochs] == [(1, True), (2, True)]
+    assert resumed.applied == 2 * quota == resumed.staleness_hist.sum()
+    if algo == "sequential":
+        whole = engine.train(model, synthetic, cfg)
+        assert resumed.params.tobytes() == whole.params.tobytes()
+        assert [e.train_loss for e in resumed.epochs] == [e.train_loss for e in whole.epochs]
 
 
 def test_bad_checkpoints_are_one_line_errors(tmp_path):

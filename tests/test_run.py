@@ -36,7 +36,10 @@ def test_synthetic_run_writes_results(tmp_path):
                                      "samples_per_s"}
     assert doc["samples_per_s"] > 0
     assert doc["epochs"][-1]["test_accuracy"] > 0.9
-    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]  # no temporary left behind
+    # the results and the end-of-run checkpoint, no temporary left behind
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.ckpt.h5", "r.json"]
+    assert doc["checkpoint"] == str(tmp_path / "r.ckpt.h5")
+    assert f"--resume {tmp_path / 'r.ckpt.h5'} --epochs 4" in proc.stdout
 
 
 def test_quiet_prints_nothing(tmp_path):
@@ -105,6 +108,8 @@ BAD = [
     (["--checkpoint", "/no/such/dir/c.h5"], "does not exist"),
     (["--checkpoint-every", "-1"], "--checkpoint-every"),
     (["--resume", "/no/such/checkpoint.h5"], "does not exist"),
+    (["--no-checkpoint", "--checkpoint-every", "2"], "contradict"),
+    (["--no-checkpoint", "--checkpoint", "c.h5"], "contradict"),
     (["--batch-size", "100000000"], "larger than the training set"),
     (["--algo", "hogwild", "--threads", "1000", "--batch-size", "4000"], "GiB of workspace"),
     (["--time-budget", "nan"], "--time-budget"),
@@ -252,3 +257,91 @@ def test_simulate_says_so_everywhere(tmp_path):
     doc = json.loads(out.read_text())
     assert doc["simulated"]["cores"] == 2 and "simulated" in doc["simulated"]["note"]
     assert doc["staleness"]["max"] <= 3 and doc["applied"] == 250
+
+
+def trained(tmp_path, name: str, *args: str) -> dict:
+    """run.main in this process, quiet; the results document."""
+    out = tmp_path / f"{name}.json"
+    assert run.main(["--dataset", "synthetic", "--quiet", "--out", str(out), *args]) == 0
+    return json.loads(out.read_text())
+
+
+def test_a_finished_sequential_run_extends_bit_identically(tmp_path):
+    """2 epochs, then --resume of its end-of-run checkpoint to 3, against 3 at once."""
+    from iasgd import checkpoints
+
+    first = trained(tmp_path, "a", "--epochs", "2", "--lr", "0.02", "--seed", "5")
+    assert first["checkpoint"] == str(tmp_path / "a.ckpt.h5")
+    extended = trained(tmp_path, "a", "--resume", str(tmp_path / "a.ckpt.h5"), "--epochs", "3")
+    whole = trained(tmp_path, "b", "--epochs", "3", "--lr", "0.02", "--seed", "5")
+    assert [e["epoch"] for e in extended["epochs"]] == [1, 2, 3]
+    assert extended["epochs"][:2] == first["epochs"]  # the first two kept as they were
+    for key in ("train_loss", "test_accuracy", "staleness_hist", "complete"):
+        assert [e[key] for e in extended["epochs"]] == [e[key] for e in whole["epochs"]]
+    assert extended["applied"] == whole["applied"] and extended["config"]["epochs"] == 3
+    params = [checkpoints.load(tmp_path / f"{n}.ckpt.h5")[1].arrays["params"] for n in "ab"]
+    assert params[0].tobytes() == params[1].tobytes()
+
+
+def test_a_finished_parallel_run_extends(tmp_path):
+    trained(tmp_path, "r", "--algo", "hogwild", "--threads", "2", "--epochs", "1")
+    doc = trained(tmp_path, "r", "--resume", str(tmp_path / "r.ckpt.h5"), "--epochs", "2")
+    assert doc["status"] == "completed" and [e["epoch"] for e in doc["epochs"]] == [1, 2]
+    assert doc["applied"] == 2 * 250 == sum(doc["staleness"]["hist"])  # 4,000 images / 16
+
+
+def test_a_resume_with_nothing_left_to_train_is_refused(tmp_path, capsys):
+    trained(tmp_path, "r", "--epochs", "2", "--time-budget", "100")
+    ckpt = str(tmp_path / "r.ckpt.h5")
+    for args, needle in ((["--epochs", "2"], "give --epochs more than 2"),
+                         ([], "give --epochs more than 2"),  # the saved --epochs
+                         (["--epochs", "3", "--time-budget", "1e-6"], "larger --time-budget")):
+        assert run.main(["--resume", ckpt, "--out", str(tmp_path / "r2.json"), *args]) == 2
+        err = capsys.readouterr().err
+        assert needle in err and err.count("\n") == 1
+    assert not (tmp_path / "r2.json").exists()
+
+
+def test_no_checkpoint_writes_none(tmp_path):
+    doc = trained(tmp_path, "r", "--epochs", "1", "--no-checkpoint")
+    assert doc["checkpoint"] is None and [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
+def test_uncached_kernels_reads_numba_index_files(tmp_path):
+    tag = f"py{sys.version_info.major}{sys.version_info.minor}.nbi"
+    assert run.uncached_kernels("sequential", cache_dir=str(tmp_path / "none")) == [
+        "kernels.train_steps", "kernels.predict_images"]
+    sub = tmp_path / "iasgd-1234abcd"  # numba keeps each source directory in a subdirectory
+    sub.mkdir()
+    (sub / f"kernels.train_steps-523.{tag}").touch()
+    (sub / "kernels.predict_images-555.py27.nbi").touch()  # another Python: not usable
+    assert run.uncached_kernels("sequential", cache_dir=str(tmp_path)) == [
+        "kernels.predict_images"]
+    (sub / f"kernels.predict_images-555.{tag}").touch()
+    assert run.uncached_kernels("sequential", cache_dir=str(tmp_path)) == []
+    assert run.uncached_kernels("sequential", simulate=True, cache_dir=str(tmp_path)) == []
+    missing = run.uncached_kernels("hogwild", cache_dir=str(tmp_path))
+    assert missing == ["kernels.network_loss_and_grad", "workers.async_worker"]
+    assert run.compile_seconds(missing) == run.KERNELS_COMPILE_S + run.WORKER_LOOP_COMPILE_S
+    (sub / f"kernels.network_loss_and_grad-510.{tag}").touch()
+    (sub / f"workers.async_worker-82.{tag}").touch()
+    assert run.uncached_kernels("interval", cache_dir=str(tmp_path)) == []
+    assert run.uncached_kernels("sync", cache_dir=str(tmp_path)) == ["workers.sync_worker"]
+
+
+def test_a_cold_cache_says_it_compiles_and_a_warm_one_does_not(tmp_path):
+    """The one test that compiles everything (an empty NUMBA_CACHE_DIR): ~15-30 s."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    command = [sys.executable, "-m", "iasgd.run", "--dataset", "synthetic", "--epochs", "1",
+               "--no-checkpoint", "--out", str(tmp_path / "r.json")]
+    runs = [subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+            for _ in range(2)]
+    assert [p.returncode for p in runs] == [0, 0], runs[0].stderr + runs[1].stderr
+    cold = runs[0].stdout.splitlines()
+    say = [i for i, line in enumerate(cold) if line.startswith("compiling kernels, first run")]
+    done = [i for i, line in enumerate(cold) if line.startswith("kernels compiled in ")]
+    first_epoch = [i for i, line in enumerate(cold) if line.startswith("epoch   1")]
+    assert len(say) == len(done) == len(first_epoch) == 1, runs[0].stdout
+    assert say[0] < done[0] < first_epoch[0]
+    assert f"about {run.KERNELS_COMPILE_S} s" in cold[say[0]]
+    assert "compil" not in runs[1].stdout + runs[1].stderr
