@@ -19,6 +19,8 @@ from typing import NoReturn
 
 from iasgd import checkpoints, engine, metrics, models, schedules, sim, workers
 from iasgd import data as datasets
+from iasgd.algorithms import ALGORITHMS, POLICIES
+from iasgd.config import ConfigError
 
 EXIT_USAGE = 2
 EXIT_FAILED = 1
@@ -125,15 +127,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="dataset archive under another name or path (for Fashion-MNIST: "
                         "the directory of its four .gz files)")
     g = p.add_argument_group("training")
-    g.add_argument("--algo", choices=engine.ALGOS, default="sequential",
-                   help="sequential (one thread), sync (averaged rounds), async (lock-based), "
-                        "hogwild (no locks), interval (Interval-Asynchrony)")
+    g.add_argument("--algo", choices=ALGORITHMS, default="sequential",
+                   help="; ".join(f"{a.name}: {a.help}" for a in ALGORITHMS.values()))
     g.add_argument("--threads", type=_positive_int, default=1,
                    help=f"worker threads n (at most {MAX_THREADS})")
     g.add_argument("--interval", type=_positive_int, default=16, metavar="Y",
                    help="interval size y of --algo interval: staleness stays <= y - 1")
-    g.add_argument("--gate", choices=("wait", "drop"), default="wait",
-                   help="interval policy: wait for a free slot, or drop updates that miss one")
+    g.add_argument("--gate", choices=POLICIES, default="wait",
+                   help="interval policy; " + "; ".join(f"{p.name}: {p.help}"
+                                                        for p in POLICIES.values()))
     g.add_argument("--batch-size", type=_positive_int, default=16, help="mini-batch size b")
     g.add_argument("--lr", type=_positive_float, default=0.005, help="step size eta")
     g.add_argument("--momentum", type=_momentum, default=0.5,
@@ -225,8 +227,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         raise UsageError(f"--archive {args.archive}: no such file or directory")
     try:
         train_config(args).check()
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    except ConfigError as e:
+        raise UsageError(e.for_cli()) from None
     if args.simulate and args.algo not in sim.SIMULATED_ALGOS:
         raise UsageError(f"--simulate covers --algo {', '.join(sim.SIMULATED_ALGOS)}; "
                          f"--algo {args.algo} runs one thread, so run it for real")
@@ -421,13 +423,10 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, datasets.DataError, checkpoints.CheckpointError, ValueError) as e:
         print(f"iasgd: error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    if data.input_shape != model.input_shape:
-        print(f"iasgd: error: {args.dataset} images are {data.input_shape}, the model expects "
-              f"{model.input_shape}", file=sys.stderr)
-        return EXIT_USAGE
-    if args.batch_size > data.x_train.shape[0]:
-        print(f"iasgd: error: --batch-size {args.batch_size} is larger than the training set "
-              f"({data.x_train.shape[0]:,} images)", file=sys.stderr)
+    try:
+        engine.check_data(model, data, train_config(args))
+    except ConfigError as e:
+        print(f"iasgd: error: {e.for_cli()}", file=sys.stderr)
         return EXIT_USAGE
     need, have = workspace_bytes(model, args), physical_memory_bytes()
     if need > have:
@@ -467,7 +466,7 @@ def simulate_and_report(args: argparse.Namespace, model: models.Model, data: dat
                              "note": "wall times and throughput are simulated, not measured"}
     metrics.write_json_atomic(args.out, document)
     report(display, document, args.out)
-    return 0
+    return diverged_exit(result, args)
 
 
 def kernel_entries(algo: str, simulate: bool = False) -> list[str]:
@@ -475,8 +474,10 @@ def kernel_entries(algo: str, simulate: bool = False) -> list[str]:
     cache index files (`module.function`); each compiles what it calls. A
     parallel run's worker loop is `workers.<loop>`, or any `workers.` entry if
     that loop has been renamed."""
-    if algo == "sequential" or simulate:
+    if algo == "sequential":
         return ["kernels.train_steps", "kernels.predict_images"]
+    if simulate:  # it measures step times, then makes the workers' calls itself
+        return ["kernels.train_steps", "workers.", "kernels.predict_images"]
     loop = "sync_worker" if algo == "sync" else "async_worker"
     return ["kernels.network_loss_and_grad",  # the layer kernels a worker loop calls
             f"workers.{loop}" if hasattr(workers, loop) else "workers.",
@@ -571,13 +572,18 @@ def train_and_report(args: argparse.Namespace, model: models.Model, data: datase
                 else f"--epochs {2 * args.epochs}")
         display.say(f"checkpoint in {checkpoint_path}; to train on: python -m iasgd.run "
                     f"--resume {checkpoint_path} {more}")
-    if result.diverged_at is not None:
-        where = result.diverged_at
-        print(f"iasgd: diverged at epoch {where['epoch']}, step {where['step']}: the loss is "
-              f"not finite; try a smaller --lr (it was {args.lr:g}); results so far in "
-              f"{args.out}", file=sys.stderr)
-        return EXIT_DIVERGED
-    return 0
+    return diverged_exit(result, args)
+
+
+def diverged_exit(result: engine.RunResult, args: argparse.Namespace) -> int:
+    """EXIT_DIVERGED, with one line saying where, if the run diverged; else 0."""
+    if result.diverged_at is None:
+        return 0
+    where = result.diverged_at
+    print(f"iasgd: diverged at epoch {where['epoch']}, step {where['step']}: the loss is "
+          f"not finite; try a smaller --lr (it was {args.lr:g}); results so far in "
+          f"{args.out}", file=sys.stderr)
+    return EXIT_DIVERGED
 
 
 def report(display: Display, document: dict, out: str) -> None:

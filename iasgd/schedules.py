@@ -25,9 +25,18 @@ Staleness-adaptive step size: `lr_factors` gives the factor for each tau.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+from iasgd import gate as G
+from iasgd.algorithms import ALGORITHMS
+
+if TYPE_CHECKING:
+    from iasgd.config import TrainConfig
+    from iasgd.results import RunResult
 
 INTERVAL_SCHEDULES = ("fixed", "decay", "probe", "follow-loss")
 THREAD_SCHEDULES = ("fixed", "window")
@@ -268,3 +277,96 @@ def lr_factors(schedule: str, bins: int, threads: int, amplitude: float = 1.0,
     else:
         raise ValueError(f"unknown lr schedule {schedule!r}; choose from {', '.join(LR_SCHEDULES)}")
     return factors.astype(np.float32)
+
+
+# ------------------------------------------------- the controllers of a run
+
+MONITOR_SECONDS = 0.02  # how often the controllers look at (and steer) a running run
+TAIL_SAMPLE = 2048  # tail step sizes: applied updates sampled before the CDF is fixed
+
+
+class Controllers:
+    """The schedules of one parallel run (threads or simulated): they
+    read the applied count and the smoothed loss, and steer y (the gate's
+    Y_NEXT), the active thread count m (the gate's M) and the step-size
+    factors by staleness, recording what they did."""
+
+    def __init__(self, cfg: TrainConfig, quota: int, result: RunResult):
+        self.cfg, self.result = cfg, result
+        self.monitor = LossMonitor(cfg.loss_window or 3 * quota)
+        interval = ALGORITHMS[cfg.algo].bound == "interval"
+        self.y = self._interval_controller(cfg) if interval else None
+        self.m = None
+        if cfg.threads_schedule == "window":
+            self.m = thread_window(cfg.threads, cfg.m0 or cfg.threads, cfg.window,
+                                   cfg.probe_steps, cfg.exec_steps)
+        self.tail_sample_at = min(TAIL_SAMPLE, quota) if cfg.lr_schedule == "tail" else None
+
+    @staticmethod
+    def _interval_controller(cfg: TrainConfig):
+        y0 = cfg.start_y
+        if cfg.interval_schedule == "decay":
+            return Decay(y0, cfg.y_min, cfg.decay_every, cfg.decay_by)
+        if cfg.interval_schedule == "follow-loss":
+            return FollowLoss(y0, cfg.y_min)
+        if cfg.interval_schedule == "probe":
+            return WindowProbe(start=y0, offset=cfg.probe_offset, step=cfg.probe_step,
+                                 probe_steps=cfg.probe_steps, exec_steps=cfg.exec_steps,
+                                 loss_scale=cfg.probe_loss_scale, low=cfg.y_min)
+        return Fixed(y0)
+
+    def new_gate(self) -> np.ndarray:
+        """A gate state opening with the schedules' first y and m."""
+        return G.new_state(self.y.value if self.y is not None else G.UNBOUNDED,
+                           active=self.m.value if self.m is not None else self.cfg.threads)
+
+    def step(self, now: float, applied: int, losses_written: int, state: np.ndarray,
+             factors: np.ndarray, staleness: Callable[[], np.ndarray]) -> None:
+        """Look at the run and steer. now: training seconds so far; applied:
+        updates applied; losses_written: losses the workers put in the
+        monitor's ring; state: the gate; factors: (bins,) step-size
+        factors, written in place; staleness: the run's histogram so far."""
+        loss = self.monitor.window_mean(losses_written)
+        first = self.result.loss_first
+        if self.y is not None:
+            # the trace holds the y of the interval open now, as it changes;
+            # a value put in Y_NEXT and replaced before any interval opened
+            # with it never bounded an update, so it is not recorded
+            trace, opened = self.result.interval_trace, int(state[G.Y])
+            if not trace or trace[-1][2] != opened:
+                trace.append([now, applied, opened])
+            state[G.Y_NEXT] = min(self.y.update(applied, now, loss, first), G.MAX_Y)
+        if self.m is not None:
+            m = self.m.update(applied, now, loss, first)
+            if m != state[G.M] or not self.result.threads_trace:
+                G.set_active(state, m)
+                self.result.threads_trace.append([now, applied, m])
+        if self.tail_sample_at is not None and applied >= self.tail_sample_at:
+            factors[:] = lr_factors("tail", factors.size, self.cfg.threads,
+                                         self.cfg.tail_amplitude, staleness())
+            self.tail_sample_at = None
+
+    def end_of_first_epoch(self, losses_written: int) -> None:
+        self.result.loss_first = self.monitor.window_mean(losses_written)
+
+    def logs(self) -> None:
+        """The probe logs so far, into the result."""
+        self.result.probe_log = [
+            {"knob": kind, **entry}
+            for kind, controller in (("interval", self.y), ("threads", self.m))
+            if isinstance(controller, WindowProbe) for entry in controller.log]
+
+    def state(self) -> dict:
+        """JSON-able state of every controller (the ring is saved with the team)."""
+        return {"y": vars(self.y) if self.y else None, "m": vars(self.m) if self.m else None,
+                "tail_sample_at": self.tail_sample_at,
+                "ema": [self.monitor._ema, self.monitor._ema_pos]}
+
+    def restore(self, state: dict) -> None:
+        for controller, saved in ((self.y, state["y"]), (self.m, state["m"])):
+            if controller is not None and saved is not None:
+                vars(controller).update(saved)
+        self.tail_sample_at = state["tail_sample_at"]
+        self.monitor._ema, self.monitor._ema_pos = state["ema"]
+
+

@@ -1,55 +1,49 @@
-"""Asynchrony simulator: the staleness of n workers, on one core.
+"""The simulated executor: the staleness of n workers, on one core.
 
-It runs the same gradient math as the threaded engine, one step at a time,
-but decides which parameter version each gradient reads and when it is
-applied from a model of time: every step of a worker takes a duration drawn
-from a step-time distribution (lognormal with a given spread, or samples
-measured from real single-thread steps), and n workers share `cores` cores
-in round-robin time slices of `quantum` seconds (with a core per worker they
-simply run side by side). An event queue of core time slices drives the
-same gate functions the real workers call (iasgd.gate: tickets, wait/drop
-slots, interval opening), so the staleness it reports is exact for that
-time model, and its wall time is simulated. Nothing it reports was measured
-on n real cores: every output says "simulated".
+It runs the algorithms' steps exactly as the threads do, through the same
+compiled calls (iasgd.gate for tickets, slots and intervals; iasgd.workers'
+read_step, compute_step, apply_step, and sync's round_gradient and
+apply_round; the same counters, histograms and loss ring; the same epoch
+recorder and run summary), and decides only *when* each step happens, from
+a model of time: every step of a worker takes a duration drawn from a
+step-time distribution (lognormal with a given spread, or samples measured
+from real single-thread steps), and n workers share `cores` cores in
+round-robin time slices of `quantum` seconds (with a core per worker they
+simply run side by side). A step's ticket, slot and read happen when its
+worker first gets a core, its gradient and apply when its time is used up;
+the read is a consistent snapshot (lock waits are not modelled, so async and
+hogwild coincide). sync: a round lasts max(longest step, total / cores),
+barrier costs not modelled. The schedules steer every MONITOR_SECONDS of
+simulated time, and a time budget is in simulated seconds. Nothing it
+reports was measured on n real cores: every output says "simulated".
 
-Covered: hogwild and async (a read is a consistent snapshot taken when the
-step starts; lock waits are not modelled), interval with either gate, and
-sync (a round lasts as long as its n steps take on the cores, barrier costs
-not modelled). The schedules of y, of the thread count m and of the step
-size run as in the engine (engine.Controllers), called every
-MONITOR_SECONDS of simulated time. A time budget is in simulated seconds.
-A non-finite loss or parameter stops the run as diverged, as in the engine.
-Not covered: sequential (one thread has nothing to simulate).
+Each worker owns its random stream, as on threads: one simulated worker on a
+core draws the same batches, and so trains to the same parameters, as one
+real thread.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from iasgd import gate as G
 from iasgd import kernels as K
-from iasgd import metrics
-from iasgd import schedules as S
+from iasgd import workers as W
+from iasgd.algorithms import ALGORITHMS, POLICIES
+from iasgd.config import TrainConfig, steps_per_epoch
 from iasgd.data import Dataset
-from iasgd.engine import (
-    HIST_BINS,
-    MONITOR_SECONDS,
-    Controllers,
-    EpochRecord,
-    RunResult,
-    TrainConfig,
-    staleness_bound,
-    steps_per_epoch,
-)
 from iasgd.models import Model
+from iasgd.results import HIST_BINS, RunResult, Status, record_epoch, summarize
+from iasgd.schedules import MONITOR_SECONDS, Controllers, lr_factors
 
-SIMULATED_ALGOS = ("sync", "async", "hogwild", "interval")
+SIMULATED_ALGOS = tuple(a.name for a in ALGORITHMS.values() if a.simulated)
 
 
 def lognormal_steps(mean_s: float, spread: float) -> Callable[[np.random.Generator], float]:
@@ -66,8 +60,6 @@ def measured_steps(samples: np.ndarray) -> Callable[[np.random.Generator], float
 def measure_step_times(model: Model, data: Dataset, batch_size: int,
                        steps: int = 200) -> np.ndarray:
     """Durations (s) of `steps` real single-thread training steps, after warm-up."""
-    import time
-
     ws = model.workspace(batch_size)
     params = model.init(0)
     velocity = np.zeros_like(params)
@@ -90,57 +82,60 @@ def measure_step_times(model: Model, data: Dataset, batch_size: int,
 class _Worker:
     remaining: float = 0.0  # CPU seconds left in the current step
     gen: int = 0
-    y: int = 0  # size of the interval its step belongs to
     v_read: int = 0
     reading: bool = True  # its next CPU time starts a step: slot (wait gate), then the read
 
 
-@dataclass
 class _Sim:
     """The event loop. A core runs a worker for a time slice; a worker that
     finishes its step inside its slice goes straight on with the next one (as
-    under a real scheduler), otherwise it queues again. A step's slot (wait
-    gate) and parameter read happen when its worker first gets a core."""
+    under a real scheduler), otherwise it queues again."""
 
-    model: Model
-    data: Dataset
-    cfg: TrainConfig
-    step_time: Callable[[np.random.Generator], float]
-    cores: int
-    quantum: float
-    result: RunResult
-    now: float = 0.0
-    hist: np.ndarray = field(default_factory=lambda: np.zeros(HIST_BINS, np.int64))
-
-    def __post_init__(self) -> None:
-        cfg, P = self.cfg, self.model.num_params
-        quota = steps_per_epoch(self.data.x_train.shape[0], cfg.batch_size)
-        self.control = Controllers(cfg, quota, self.result)
+    def __init__(self, model: Model, data: Dataset, cfg: TrainConfig,
+                 step_time: Callable[[np.random.Generator], float], cores: int, quantum: float,
+                 result: RunResult):
+        n, P = cfg.threads, model.num_params
+        self.cfg, self.step_time, self.cores, self.quantum = cfg, step_time, cores, quantum
+        self.result = result
+        self.quota = steps_per_epoch(data.x_train.shape[0], cfg.batch_size)
+        self.control = Controllers(cfg, self.quota, result)
         self.state = self.control.new_gate()
-        self.lr_factors = S.lr_factors(cfg.lr_schedule, HIST_BINS, cfg.threads)
-        self.params = self.model.init(cfg.seed)
-        self.velocity = np.zeros_like(self.params)
-        self.snapshots = np.zeros((cfg.threads, P), np.float32)  # sync: the gradients
-        self.batches = np.zeros((cfg.threads, cfg.batch_size), np.int64)
-        self.ws = self.model.workspace(cfg.batch_size)
-        self.images = self.data.x_train.reshape(self.data.x_train.shape[0], -1)
-        self.rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 3]))
-        self.workers = [_Worker() for _ in range(cfg.threads)]
+        self.params = model.init(cfg.seed)
+        self.factors = lr_factors(cfg.lr_schedule, HIST_BINS, n)
+        self.probe = np.zeros(8, np.int64)
+        self.counters = np.zeros((n, W.COUNTER_COLUMNS), np.int64)
+        self.hist = np.zeros((n, HIST_BINS), np.int64)
+        self.losses = np.zeros((n, 1), np.float64)
+        self.run_hist = np.zeros(HIST_BINS, np.int64)
+        self.local = np.zeros((n, P), np.float32)  # each worker's read; sync: its gradient
+        rngs = np.array([[W.stream_seed(cfg.seed, w, 0)] for w in range(n)], np.uint64)
+        algo = ALGORITHMS[cfg.algo]
+        self.plan = W.Plan(max(algo.code, 0), POLICIES[cfg.gate].code, cfg.lr, cfg.momentum)
+        self.shared = W.Shared(self.state, self.probe, self.params, np.zeros_like(self.params),
+                               self.factors, self.control.monitor.ring)
+        images = data.x_train.reshape(data.x_train.shape[0], -1)
+        self.inputs = W.Inputs(images, data.y_train, *model.image_transform)
+        ws = model.workspace(cfg.batch_size)  # steps run one at a time: one workspace
+        self.own = [W.new_own(ws, self.local[w], self.counters[w], self.hist[w],
+                              self.losses[w], rngs[w]) for w in range(n)]
+        self.rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 3]))  # step times
+        self.workers = [_Worker() for _ in range(n)]
         self.runnable: deque[int] = deque()
         self.waiting: deque[int] = deque()  # wait gate: holding a ticket, no slot
         self.parked: list[int] = []  # outside the active thread count m
         self.events: list[tuple[float, int, int, float, float]] = []
-        self.free_cores = self.cores
+        self.free_cores = cores
         self.seq = 0
-        self.computed = self.dropped = self.violations = 0
-        self.losses_written = 0
-        self.loss_sum = 0.0
+        self.now = 0.0
         self.budget = cfg.time_budget if cfg.time_budget is not None else math.inf
         self.next_tick = 0.0
-        self.stop: str | None = None  # "time_budget" or "diverged"
-        self.waits_for_slot = self.cfg.algo == "interval" and self.cfg.gate == "wait"
+        self.stop: Status | None = None
+        self.waits_for_slot = algo.bound == "interval" and cfg.gate == "wait"
 
-    # ---- a worker's step
+    def applied(self) -> int:
+        return int(self.counters[:, W.APPLIED].sum())
+
+    # ---- a worker's step: the calls async_worker makes, one at a time
 
     def start_step(self, w: int) -> bool:
         """Take a ticket for the worker's next step; False: none left, or the
@@ -163,73 +158,34 @@ class _Sim:
                 return False
         else:
             gen = int(G.generation(self.state))
-        wk.gen, wk.y, wk.v_read, wk.reading = (gen, int(self.state[G.Y]),
-                                               int(self.state[G.VERSION]), False)
-        self.snapshots[w] = self.params  # the read: a consistent copy
-        self.draw_batch(w)
+        wk.gen, wk.reading = gen, False
+        wk.v_read = int(W.read_step(self.plan, self.shared, self.inputs, self.own[w], True))
         wk.remaining = self.step_time(self.rng)
         return True
 
-    def draw_batch(self, w: int) -> None:
-        self.batches[w] = self.rng.integers(0, self.images.shape[0], self.cfg.batch_size)
-
-    def gradient(self, w: int, params: np.ndarray, grad: np.ndarray) -> float:
-        """Loss and gradient (into grad) of worker w's batch at params."""
-        ws, idx = self.ws, self.batches[w]
-        n, D = idx.size, self.images.shape[1]
-        K.gather_images(self.images, idx, *self.model.image_transform,
-                        ws.acts[:n * D].reshape(n, D))
-        ws.labels[:n] = self.data.y_train[idx]
-        self.computed += 1
-        return K.network_loss_and_grad(params, grad, ws.plan.conv, ws.plan.dense, ws.acts,
-                                       ws.dacts, ws.argmax, ws.labels[:n])
-
-    def record(self, tau: int, loss: float) -> None:
-        """Account one applied gradient, its loss into the monitor's ring."""
-        self.hist[min(tau, HIST_BINS - 1)] += 1
-        self.loss_sum += loss
-        ring = self.control.monitor.ring
-        ring[self.losses_written % ring.size] = loss
-        self.losses_written += 1
-
     def complete(self, w: int) -> None:
-        wk, cfg = self.workers[w], self.cfg
-        loss = self.gradient(w, self.snapshots[w], self.ws.grad)
-        if not math.isfinite(loss):
-            self.stop = "diverged"
-            return
-        if (cfg.algo == "interval" and cfg.gate == "drop"
-                and not G.claim_slot(self.state, wk.gen)):
-            self.dropped += 1
-            G.return_ticket(self.state)
-            return
-        tau = int(G.begin_apply(self.state)) - wk.v_read
-        if cfg.algo == "interval" and (G.crossed(self.state, wk.gen) or tau > wk.y - 1):
-            self.violations += 1
-        factor = self.lr_factors[min(tau, HIST_BINS - 1)]
-        K.sgd_momentum_update(self.params, self.velocity, self.ws.grad, cfg.lr * factor,
-                              cfg.momentum)
-        self.record(tau, loss)
-        if cfg.algo == "interval" and G.finish_apply(self.state):
-            self.runnable.extend(self.waiting)  # woken: they try for a slot when they run
+        wk, own = self.workers[w], self.own[w]
+        W.gather_batch(self.inputs, own)
+        loss = W.compute_step(self.shared, own, own.local)
+        if W.apply_step(wk.gen, wk.v_read, loss, self.plan, self.shared, own) < 0:
+            self.stop = Status.DIVERGED
+        elif self.waits_for_slot and self.state[G.GEN_TAKEN] & 0xFFFFFFFF == 0:
+            self.runnable.extend(self.waiting)  # an interval opened: they try for a slot
             self.waiting.clear()
 
     # ---- the schedules
 
     def steer(self) -> None:
-        """What the engine's monitor does every MONITOR_SECONDS: check the
+        """What the threads' monitor does every MONITOR_SECONDS: check the
         parameters, let the schedules steer, wake workers that m lets in."""
         self.next_tick = self.now + MONITOR_SECONDS
         if not K.all_finite(self.params):
-            self.stop = "diverged"
-        self.control.step(self.now, self.applied(), self.losses_written, self.state,
-                          self.lr_factors, lambda: self.hist.copy())
+            self.stop = Status.DIVERGED
+        self.control.step(self.now, self.applied(), int(self.probe[W.LOSS_POS]), self.state,
+                          self.factors, lambda: self.run_hist + self.hist.sum(axis=0))
         woken = [w for w in self.parked if w < self.state[G.M]]
         self.parked = [w for w in self.parked if w >= self.state[G.M]]
         self.runnable.extend(w for w in woken if self.start_step(w))
-
-    def applied(self) -> int:
-        return int(self.hist.sum())
 
     # ---- cores and time slices
 
@@ -250,8 +206,8 @@ class _Sim:
     def run_epoch(self, limit: int) -> None:
         """Run until `limit` updates are applied since the start, the time
         budget is spent or the run diverges."""
-        self.state[G.LIMIT] = limit
-        if self.cfg.algo == "sync":
+        G.allow(self.state, limit)
+        if ALGORITHMS[self.cfg.algo].loop == "sync":
             self.run_sync_rounds(limit)
             return
         self.parked.clear()  # every worker starts the epoch afresh (or parks again)
@@ -259,7 +215,7 @@ class _Sim:
         self.dispatch()
         while self.events and self.stop is None:
             if self.events[0][0] >= self.budget:  # updates after the budget are not made
-                self.now, self.stop = self.budget, "time_budget"
+                self.now, self.stop = self.budget, Status.TIME_BUDGET
                 break
             self.now, _, w, slice_s, left = heapq.heappop(self.events)
             if self.now >= self.next_tick:
@@ -270,7 +226,7 @@ class _Sim:
                 self.runnable.append(w)
             else:
                 self.complete(w)
-                if self.start_step(w):
+                if self.stop is None and self.start_step(w):
                     if left > 1e-12 and self.begin(w):
                         self.run_slice(w, left)  # goes on in the rest of its slice
                         self.dispatch()  # its apply may have woken waiters
@@ -284,26 +240,25 @@ class _Sim:
         """Sync: rounds of up to n gradients on the same parameters, averaged
         into one update. A round lasts max(longest step, total / cores): the
         time n time-sliced steps take on the cores."""
-        cfg, grads = self.cfg, self.snapshots
+        P = self.params.size
         while self.applied() < limit and self.stop is None:
-            active = min(cfg.threads, limit - self.applied())
+            active = min(self.cfg.threads, limit - self.applied())
             steps = [self.step_time(self.rng) for _ in range(active)]
             round_s = max(max(steps), sum(steps) / self.cores)
             if self.now + round_s > self.budget:
-                self.now, self.stop = self.budget, "time_budget"
+                self.now, self.stop = self.budget, Status.TIME_BUDGET
                 break
-            losses = []
-            for w in range(active):
-                self.draw_batch(w)
-                losses.append(self.gradient(w, self.params, grads[w]))
+            losses = [W.round_gradient(self.shared, self.inputs, self.own[w], self.local[w])
+                      for w in range(active)]
             if not all(math.isfinite(loss) for loss in losses):
-                self.stop = "diverged"
+                self.stop = Status.DIVERGED
                 break
-            K.mean_rows(grads, active, 0, grads.shape[1], self.ws.grad)
-            K.sgd_momentum_update(self.params, self.velocity, self.ws.grad, cfg.lr, cfg.momentum)
+            W.apply_round(self.plan, self.shared, self.local, active, 0, P,
+                          self.own[0].grad)
+            for w, loss in enumerate(losses):
+                W.record_update(self.own[w], self.shared, 0, loss)
             self.state[G.VERSION] += 1
-            for loss in losses:
-                self.record(0, loss)
+            G.settle_many(self.state, active)
             self.now += round_s
             if self.now >= self.next_tick:
                 self.steer()
@@ -316,46 +271,41 @@ def simulate(model: Model, data: Dataset, cfg: TrainConfig,
     `cores` cores (default: one each) would produce under `step_time`.
     Returns a RunResult whose wall times (and time budget) are simulated
     seconds."""
+    from iasgd.engine import check_data
+
     cfg.check()
+    check_data(model, data, cfg)
     if cfg.algo not in SIMULATED_ALGOS:
         raise ValueError(f"the simulator covers --algo {', '.join(SIMULATED_ALGOS)}, "
                          f"not {cfg.algo}")
     cores = cores or cfg.threads
-    result = RunResult(status="completed")
+    result = RunResult(status=Status.COMPLETED)
     sim = _Sim(model, data, cfg, step_time, cores,
                quantum if cores < cfg.threads else math.inf, result)
     result.params = sim.params
-    quota = steps_per_epoch(data.x_train.shape[0], cfg.batch_size)
     for epoch in range(1, cfg.epochs + 1):
         start, applied_before = sim.now, sim.applied()
-        hist_before, loss_before = sim.hist.copy(), sim.loss_sum
         sim.steer()
-        sim.run_epoch(epoch * quota)
+        sim.run_epoch(epoch * sim.quota)
         if sim.stop is None and not K.all_finite(sim.params):
-            sim.stop = "diverged"
+            sim.stop = Status.DIVERGED
         applied = sim.applied() - applied_before
-        if sim.stop == "diverged":
+        if sim.stop == Status.DIVERGED:
             result.diverged_at = {"epoch": epoch, "step": applied + 1}
         if epoch == 1:
-            sim.control.end_of_first_epoch(sim.losses_written)
-        predictions = model.predict_images(sim.params, data.x_test)
-        result.epochs.append(EpochRecord(
-            epoch=epoch, train_loss=(sim.loss_sum - loss_before) / max(applied, 1),
-            test_accuracy=metrics.accuracy(predictions, data.y_test), wall_s=sim.now,
-            samples_per_s=applied * cfg.batch_size / max(sim.now - start, 1e-12),
-            complete=applied == quota, staleness_hist=metrics.trimmed(sim.hist - hist_before)))
+            sim.control.end_of_first_epoch(int(sim.probe[W.LOSS_POS]))
+        epoch_hist = sim.hist.sum(axis=0)
+        sim.run_hist += epoch_hist
+        record_epoch(result, model, data, sim.params, epoch=epoch, applied=applied,
+                     quota=sim.quota, batch_size=cfg.batch_size, seconds=sim.now - start,
+                     loss_sum=float(sim.losses.sum()), hist=epoch_hist, end_s=sim.now)
+        sim.hist[:] = 0
+        sim.losses[:] = 0
         if sim.stop is not None:
             result.status = sim.stop
             break
     sim.control.logs()
     result.train_time_s = sim.now
-    result.applied = sim.applied()
-    result.samples = result.applied * cfg.batch_size
-    result.computed, result.dropped = sim.computed, sim.dropped
-    result.bound_violations = sim.violations
-    result.intervals = int(sim.state[G.INTERVALS])
-    result.staleness_hist = sim.hist
-    nonzero = np.flatnonzero(sim.hist)
-    result.staleness_max = int(nonzero[-1]) if nonzero.size else 0
-    result.staleness_bound = staleness_bound(cfg, sim.state)
+    result.samples = sim.applied() * cfg.batch_size
+    summarize(result, cfg.algo, sim.counters, sim.state, sim.run_hist, sim.probe)
     return result

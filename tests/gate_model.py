@@ -361,16 +361,20 @@ class Scenario:
     m0: int | None = None
 
 
-def _worker_args(state: np.ndarray, wid: int, sc: Scenario) -> tuple:
-    P, bins = 4, 64
-    f32 = np.float32
-    return (wid, sc.algo, sc.policy, state, np.zeros(8, np.int64), np.zeros(P, f32),
-            np.zeros(P, f32), np.zeros(P, f32), np.zeros(P, f32), np.zeros(2, f32),
-            np.zeros(2, f32), np.zeros(2, np.int64), np.zeros(1, np.int64),
-            np.zeros(1, np.int64), np.zeros((0, 8), np.int64), np.zeros((0, 4), np.int64),
-            np.zeros((4, 2), np.uint8), 1.0, 0.0, np.zeros(4, np.int64), 0.1, 0.5,
-            np.ones(bins, f32), np.zeros(workers.COUNTER_COLUMNS, np.int64),
-            np.zeros(bins, np.int64), np.zeros(1), np.zeros(8))
+def _worker_args(state: np.ndarray, wid: int, sc: Scenario, shared_arrays: dict) -> tuple:
+    """async_worker's arguments for a tiny problem (the math is stubbed out)."""
+    P, bins, f32 = 4, 64, np.float32
+    plan = workers.Plan(sc.algo, sc.policy, 0.1, 0.5)
+    shared = workers.Shared(state, shared_arrays["probe"], shared_arrays["params"],
+                            np.zeros(P, f32), np.ones(bins, f32), np.zeros(8))
+    inputs = workers.Inputs(np.zeros((4, 2), np.uint8), np.zeros(4, np.int64), 1.0, 0.0)
+    own = workers.Own(np.zeros(P, f32), np.zeros(P, f32), np.zeros(2, f32), np.zeros(2, f32),
+                      np.zeros(2, np.int64), np.zeros((0, 8), np.int64),
+                      np.zeros((0, 4), np.int64), np.zeros(1, np.int64),
+                      np.zeros(1, np.int64), np.zeros(1, np.uint64),
+                      np.zeros(workers.COUNTER_COLUMNS, np.int64), np.zeros(bins, np.int64),
+                      np.zeros(1))
+    return wid, plan, shared, inputs, own
 
 
 def run_scenario(sc: Scenario, choices: list[int], finish_steps: int = 20_000) -> dict:
@@ -407,8 +411,9 @@ def run_scenario(sc: Scenario, choices: list[int], finish_steps: int = 20_000) -
                 stopped_by_controller.append(True)
                 g.request_stop(state)
 
+    shared_arrays = {"probe": np.zeros(8, np.int64), "params": np.zeros(4, np.float32)}
     for wid in range(sc.threads):
-        args = _worker_args(state, wid, sc)
+        args = _worker_args(state, wid, sc, shared_arrays)
         s.spawn(f"worker-{wid}", lambda args=args: w.async_worker(*args))
     s.spawn("main", main)
     s.spawn("controller", controller)

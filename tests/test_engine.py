@@ -117,3 +117,27 @@ def test_nan_is_written_as_null(tmp_path):
     metrics.write_json_atomic(path, {"a": float("nan"), "b": [1.0, float("inf")]})
     assert path.read_text().split() == ["{", '"a":', "null,", '"b":', "[", "1.0,", "null", "]",
                                         "}"]
+
+
+def test_sequential_epoch_with_a_short_last_batch_matches_a_numpy_loop():
+    """40 images at b = 16: batches of 16, 16 and 8 in the epoch's shuffled
+    order, each one momentum step on its own mean gradient."""
+    data = datasets.synthetic(seed=6, n_train=40, n_test=8)
+    model = models.build("lenet", "synthetic")
+    cfg = engine.TrainConfig(epochs=1, lr=0.03, momentum=0.5, seed=3)
+    result = engine.train(model, data, cfg)
+    order = engine.shuffle_streams(3).permutation(40)
+    params = model.init(3).astype(np.float64)
+    velocity = np.zeros_like(params)
+    losses = []
+    for lo in (0, 16, 32):
+        idx = order[lo:lo + 16]
+        loss, grad = model.loss_and_grad(params.astype(np.float32),
+                                         data.x_train[idx].astype(np.float32) / 255.0,
+                                         data.y_train[idx])
+        losses.append((loss, idx.size))
+        velocity = 0.5 * velocity + grad
+        params -= 0.03 * velocity
+    np.testing.assert_allclose(result.params, params, rtol=1e-4, atol=1e-6)
+    mean = sum(loss * n for loss, n in losses) / 40  # sample-weighted
+    assert result.epochs[0].train_loss == pytest.approx(mean, rel=1e-5)

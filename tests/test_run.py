@@ -48,9 +48,12 @@ def test_quiet_prints_nothing(tmp_path):
     assert proc.returncode == 0 and proc.stdout == "" and proc.stderr == ""
 
 
-def test_divergence_exits_3_and_keeps_the_results(tmp_path):
+@pytest.mark.parametrize("how", [["--lr", "80"],
+                                 ["--lr", "1e39", "--algo", "hogwild", "--threads", "2",
+                                  "--simulate"]])
+def test_divergence_exits_3_and_keeps_the_results(tmp_path, how):
     out = tmp_path / "r.json"
-    proc = cli("--dataset", "synthetic", "--lr", "80", "--quiet", "--out", str(out))
+    proc = cli("--dataset", "synthetic", *how, "--quiet", "--out", str(out))
     assert proc.returncode == 3
     assert proc.stderr.count("\n") == 1 and "diverged at epoch 1" in proc.stderr
     assert "smaller --lr" in proc.stderr

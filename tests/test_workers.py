@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import threading
 
+import numba as nb
 import numpy as np
 import pytest
 
 from iasgd import data as datasets
-from iasgd import engine, models
+from iasgd import engine, models, threads
+from iasgd import gate as G
 from iasgd import workers as W
+from iasgd.atomics import cpu_relax
 
 TIMEOUT_S = 120
 TINY_N = 4000  # samples of the tiny problem: 1,000 updates per epoch at b=4
@@ -244,3 +247,105 @@ def test_128_threads_decay_moves_y_mid_epoch(lenet_big):
     assert ys[0] == 64 and len(ys) >= 4 and ys[-1] < 64, result.interval_trace
     assert result.bound_violations == 0
     assert result.staleness_max <= result.staleness_bound == 63
+
+
+# ------------------------------------- the compiled step against references
+
+
+def splitmix64(state: int) -> tuple[int, int]:
+    """Python reference of splitmix64: (new state, value), all mod 2**64."""
+    mask = (1 << 64) - 1
+    state = (state + 0x9E3779B97F4A7C15) & mask
+    z = state
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    return state, z ^ (z >> 31)
+
+
+def test_each_workers_stream_is_splitmix64():
+    rng = np.array([12345], np.uint64)
+    state = 12345
+    for _ in range(50):
+        state, expected = splitmix64(state)
+        assert int(W.next_random(rng)) == expected
+    idx = np.zeros(1000, np.int64)
+    W.draw_batch(idx, 7, np.array([1], np.uint64))
+    assert idx.min() == 0 and idx.max() == 6
+    assert abs(np.bincount(idx, minlength=7) / 1000 - 1 / 7).max() < 0.05
+
+
+def draws(seed: int, wid: int, b: int, count: int, steps: int) -> list[np.ndarray]:
+    """The batches worker wid draws in its first `steps` steps of a run."""
+    rng = np.array([W.stream_seed(seed, wid, 0)], np.uint64)
+    out = []
+    for _ in range(steps):
+        idx = np.zeros(b, np.int64)
+        W.draw_batch(idx, count, rng)
+        out.append(idx)
+    return out
+
+
+def images_of(model, data, idx):
+    """The batch as the Python API takes it: floats in [0, 1], labels."""
+    return data.x_train[idx].astype(np.float32) / 255.0, data.y_train[idx]
+
+
+@pytest.fixture(scope="module")
+def small_lenet():
+    return models.build("lenet", "synthetic"), datasets.synthetic(seed=4, n_train=48, n_test=8)
+
+
+def test_a_sync_round_is_one_sgd_step_on_the_mean_gradient(small_lenet):
+    """3 threads, 48 images at b = 16: one epoch is one round of 3 gradients
+    at the same parameters, averaged and applied as one momentum step."""
+    model, data = small_lenet
+    cfg = engine.TrainConfig(algo="sync", threads=3, epochs=1, lr=0.05, momentum=0.5, seed=2)
+    result = train_with_timeout(model, data, cfg)
+    params = model.init(2)
+    grads = [model.loss_and_grad(params, *images_of(model, data, draws(2, w, 16, 48, 1)[0]))[1]
+             .astype(np.float64) for w in range(3)]
+    velocity = np.mean(grads, axis=0)  # from zero: v = mean gradient
+    expected = params - 0.05 * velocity
+    np.testing.assert_allclose(result.params, expected, rtol=1e-4, atol=1e-6)
+    assert result.applied == 3 and result.staleness_hist[0] == 3
+
+
+def test_the_threaded_step_applies_the_lr_factor_table(small_lenet):
+    """One hogwild worker (tau is always 0) with factor 0.25 at tau = 0: the
+    compiled loop matches a numpy loop of momentum steps at lr * 0.25."""
+    model, data = small_lenet
+    cfg = engine.TrainConfig(algo="hogwild", threads=1, epochs=2, lr=0.04, momentum=0.5, seed=5)
+    run = threads.ThreadedRun(model, data, cfg)
+    run.team.lr_factors[0] = 0.25
+    result = run.run(engine.Hooks())
+    params = model.init(5).astype(np.float64)
+    velocity = np.zeros_like(params)
+    for idx in draws(5, 0, 16, 48, 6):
+        _, grad = model.loss_and_grad(params.astype(np.float32), *images_of(model, data, idx))
+        velocity = 0.5 * velocity + grad
+        params -= 0.04 * 0.25 * velocity
+    np.testing.assert_allclose(result.params, params, rtol=1e-3, atol=1e-5)
+
+
+@nb.njit(nogil=True, cache=True)
+def _locked_increments(state, counter, m, spin):
+    for _ in range(m):
+        G.lock(state)
+        seen = counter[0]  # a plain read-modify-write: only the lock makes it safe
+        for _ in range(spin):
+            cpu_relax()
+        counter[0] = seen + 1
+        G.unlock(state)
+
+
+def test_the_async_lock_excludes():
+    state, counter = G.new_state(), np.zeros(1, np.int64)
+    _locked_increments(state, counter, 1, 0)
+    counter[0] = 0
+    workers = [threading.Thread(target=_locked_increments, args=(state, counter, 20_000, 20))
+               for _ in range(4)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join(60)
+    assert counter[0] == 4 * 20_000

@@ -1,0 +1,77 @@
+"""What algorithms and gate policies exist: one row each. The CLI's choices,
+the configuration's checks, the executors (threads, simulator) and the
+benchmarks read this table; adding an algorithm is a row here and its step
+in iasgd.workers.
+
+A row says which compiled loop runs the algorithm's steps, its code in that
+loop, what bounds its staleness and whether the simulator covers it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from iasgd import gate as G
+from iasgd import workers as W
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    name: str
+    loop: str  # "sequential" (engine), "async" (workers.async_worker), "sync" (workers.sync_worker)
+    code: int  # the algorithm's code in its worker loop (-1: none)
+    bound: str  # "zero": no staleness; "interval": each interval's y - 1; "none": unbounded
+    simulated: bool  # iasgd.sim covers it
+    help: str
+
+    @property
+    def parallel(self) -> bool:
+        return self.loop != "sequential"
+
+    @property
+    def stale(self) -> bool:
+        """Its updates can be stale, so staleness-driven schedules apply."""
+        return self.bound != "zero"
+
+
+ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
+    Algorithm("sequential", "sequential", -1, "zero", False,
+              "one thread: mini-batch SGD with momentum, reshuffled every epoch"),
+    Algorithm("sync", "sync", -1, "zero", True,
+              "rounds: every thread computes a gradient on the same parameters, they are "
+              "averaged and applied as one update"),
+    Algorithm("async", "async", W.ASYNC, "none", True,
+              "a consistent snapshot of the parameters under a lock, compute, apply under "
+              "the lock"),
+    Algorithm("hogwild", "async", W.HOGWILD, "none", True,
+              "read and write the shared parameters with no lock"),
+    Algorithm("interval", "async", W.INTERVAL, "interval", True,
+              "Hogwild! inside intervals of y applied updates that no gradient crosses"),
+)}
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    code: int  # iasgd.gate's code
+    help: str
+
+
+POLICIES: dict[str, Policy] = {p.name: p for p in (
+    Policy("wait", G.WAIT, "take one of the interval's y slots before reading; wait for the "
+                           "next interval when all are taken"),
+    Policy("drop", G.DROP, "compute freely; at commit, drop an update whose interval closed "
+                           "or is full"),
+)}
+
+
+def staleness_bound(algo: str, state: np.ndarray) -> int | None:
+    """The largest staleness a run of `algo` allowed (None: unbounded). With
+    a schedule of y each interval's bound is its own y - 1, so the run's is
+    the largest y an interval opened with (the gate's Y_MAX), minus 1."""
+    bound = ALGORITHMS[algo].bound
+    if bound == "interval":
+        return int(state[G.Y_MAX]) - 1
+    return 0 if bound == "zero" else None

@@ -1,0 +1,165 @@
+"""What a run produces: the epoch records and the run's result, the callbacks
+a run makes, its snapshots, and the one epoch recorder and run summary that
+every executor (threads, simulator) uses."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+
+import numpy as np
+
+from iasgd import gate as G
+from iasgd import metrics
+from iasgd import workers as W
+from iasgd.algorithms import staleness_bound
+
+HIST_BINS = 1024  # staleness histogram bins; the last one counts every larger tau
+
+
+class Status(str, Enum):
+    """How a run ended (a str: it compares equal to, and is written as, its value)."""
+
+    COMPLETED = "completed"
+    TIME_BUDGET = "time_budget"
+    DIVERGED = "diverged"
+    INTERRUPTED = "interrupted"
+
+    def __str__(self) -> str:
+        return self.value
+
+    __format__ = str.__format__
+
+
+@dataclass
+class EpochRecord:
+    epoch: int
+    train_loss: float
+    test_accuracy: float
+    wall_s: float  # training time since the start, evaluation excluded
+    samples_per_s: float  # applied samples per second of this epoch
+    complete: bool = True  # False for an epoch cut short by the time budget
+    staleness_hist: list[int] = field(default_factory=list)  # [k]: updates with tau = k
+
+
+@dataclass
+class RunResult:
+    status: str  # a Status value; a stop requested through Hooks gives its own reason
+    epochs: list[EpochRecord] = field(default_factory=list)
+    params: np.ndarray | None = None
+    train_time_s: float = 0.0
+    samples: int = 0  # applied samples
+    eval_time_s: float = 0.0
+    computed: int = 0  # gradients computed
+    applied: int = 0  # gradients applied (sync: its n per averaged update)
+    dropped: int = 0  # thrown away by the drop gate
+    intervals: int = 0  # intervals completed (algo interval)
+    staleness_hist: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64))
+    staleness_max: int = 0
+    staleness_bound: int | None = 0
+    gate_wait_s: float = 0.0  # summed over workers
+    gil_fraction: float = 0.0  # of the workers' wall time spent in Python
+    max_concurrent_steps: int = 1  # most workers seen inside the compiled step at once
+    bound_violations: int = 0  # updates applied outside their interval or its y - 1 (must be 0)
+    diverged_at: dict | None = None  # {epoch, step} of the first non-finite loss
+    loss_first: float | None = None  # smoothed loss at the end of epoch 1
+    # [t_s, applied, y]: y of the open interval, seen at each monitor tick when it changed
+    interval_trace: list[list[float]] = field(default_factory=list)
+    threads_trace: list[list[float]] = field(default_factory=list)  # [t_s, applied, m]
+    probe_log: list[dict] = field(default_factory=list)
+
+
+@dataclass
+class Live:
+    """What the progress display shows while an epoch runs."""
+
+    updates_per_s: float = 0.0
+    y: int | None = None
+    mean_tau: float = 0.0
+    m: int | None = None
+
+
+@dataclass
+class Snapshot:
+    """Everything needed to continue a run: arrays, and JSON-able metadata
+    (position, random states, controller state, results so far)."""
+
+    arrays: dict[str, np.ndarray]
+    meta: dict
+
+
+@dataclass
+class Hooks:
+    """Callbacks of a run; all optional. should_stop is polled several times a
+    second and returns a reason (the run's status, e.g. "interrupted") to stop
+    at the workers' next step; on_checkpoint receives a Snapshot every
+    `checkpoint_every` epochs, after the last epoch, when a time budget cuts
+    the run and when the run is stopped that way."""
+
+    on_epoch_start: Callable[[int, int], None] = lambda epoch, num_samples: None
+    on_progress: Callable[[int, Live], None] = lambda samples_done, live: None
+    on_epoch_end: Callable[[EpochRecord], None] = lambda record: None
+    should_stop: Callable[[], str | None] = lambda: None
+    on_checkpoint: Callable[[Snapshot], None] = lambda snapshot: None
+
+
+def result_meta(result: RunResult) -> dict:
+    """The JSON-able part of a RunResult (params and histogram are arrays)."""
+    meta = {k: v for k, v in vars(result).items() if k not in ("params", "staleness_hist")}
+    meta["epochs"] = [asdict(e) for e in result.epochs]
+    meta["status"] = str(result.status)
+    return meta
+
+
+def restore_result(meta: dict, params: np.ndarray, hist: np.ndarray) -> RunResult:
+    fields = dict(meta)
+    fields["epochs"] = [EpochRecord(**e) for e in fields["epochs"]]
+    return RunResult(**fields, params=params, staleness_hist=hist)
+
+
+def test_accuracy(model, params: np.ndarray, data, result: RunResult) -> float:
+    """Accuracy of `params` on the test set; its time goes to eval_time_s."""
+    t0 = time.perf_counter()
+    predictions = model.predict_images(params, data.x_test)
+    result.eval_time_s += time.perf_counter() - t0
+    return metrics.accuracy(predictions, data.y_test)
+
+
+def record_epoch(result: RunResult, model, data, params: np.ndarray, *, epoch: int,
+                 applied: int, quota: int, batch_size: int, seconds: float,
+                 loss_sum: float, hist: np.ndarray, end_s: float) -> EpochRecord:
+    """Evaluate and append the record of an epoch of `applied` updates (of
+    `quota`) that took `seconds` and ended at `end_s` of training time.
+    loss_sum: the sum of their losses; hist: (HIST_BINS,) their staleness."""
+    record = EpochRecord(
+        epoch=epoch,
+        train_loss=float(loss_sum / applied) if applied else float("nan"),
+        test_accuracy=test_accuracy(model, params, data, result),
+        wall_s=end_s,
+        samples_per_s=applied * batch_size / max(seconds, 1e-9),
+        complete=applied == quota,
+        staleness_hist=metrics.trimmed(hist),
+    )
+    result.epochs.append(record)
+    return record
+
+
+def summarize(result: RunResult, algo: str, counters: np.ndarray, state: np.ndarray,
+              hist: np.ndarray, probe: np.ndarray) -> None:
+    """The run-wide figures from the workers' counters (n, COUNTER_COLUMNS),
+    the gate state, the run's staleness histogram and the probe array."""
+    def total(column: int) -> int:
+        return int(counters[:, column].sum())
+
+    result.staleness_bound = staleness_bound(algo, state)
+    result.bound_violations = total(W.VIOLATIONS)
+    result.computed = total(W.COMPUTED)
+    result.applied = total(W.APPLIED)
+    result.dropped = total(W.DROPPED)
+    result.intervals = int(state[G.INTERVALS])
+    result.staleness_hist = hist
+    result.staleness_max = int(counters[:, W.TAU_MAX].max())
+    result.gate_wait_s = total(W.WAIT_NS) / 1e9
+    result.max_concurrent_steps = int(probe[W.ACTIVE_MAX])
