@@ -35,18 +35,9 @@ sys.path.insert(0, str(REPO))
 
 from iasgd import data as datasets  # noqa: E402
 from iasgd import engine, metrics, models, sim  # noqa: E402
+from iasgd.algorithms import VARIANTS  # noqa: E402
 
-ALGOS = {  # name -> TrainConfig fields
-    "sequential": {"algo": "sequential"},
-    "sync": {"algo": "sync"},
-    "async": {"algo": "async"},
-    "hogwild": {"algo": "hogwild"},
-    "interval": {"algo": "interval"},
-    "interval-decay": {"algo": "interval", "interval_schedule": "decay"},
-    "interval-probe": {"algo": "interval", "interval_schedule": "probe"},
-    "elastic": {"algo": "hogwild", "threads_schedule": "window"},
-    "async-tail": {"algo": "hogwild", "lr_schedule": "tail"},
-}
+ALGOS = VARIANTS  # sweep name -> TrainConfig fields
 PASSED_THROUGH = ("batch_size", "lr", "momentum", "interval", "gate", "y0", "y_min",
                   "decay_every", "decay_by", "probe_offset", "probe_step", "probe_steps",
                   "exec_steps", "window")

@@ -25,6 +25,7 @@ class Algorithm:
     bound: str  # "zero": no staleness; "interval": each interval's y - 1; "none": unbounded
     simulated: bool  # iasgd.sim covers it
     help: str
+    snapshot: bool = False  # reads a private copy of the parameters (needs (P,) per worker)
 
     @property
     def parallel(self) -> bool:
@@ -44,7 +45,7 @@ ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
               "averaged and applied as one update"),
     Algorithm("async", "async", W.ASYNC, "none", True,
               "a consistent snapshot of the parameters under a lock, compute, apply under "
-              "the lock"),
+              "the lock", snapshot=True),
     Algorithm("hogwild", "async", W.HOGWILD, "none", True,
               "read and write the shared parameters with no lock"),
     Algorithm("interval", "async", W.INTERVAL, "interval", True,
@@ -65,6 +66,17 @@ POLICIES: dict[str, Policy] = {p.name: p for p in (
     Policy("drop", G.DROP, "compute freely; at commit, drop an update whose interval closed "
                            "or is full"),
 )}
+
+
+# The variants that sweeps compare (bench/scaling.py) and plots name: an
+# algorithm with the strategy that makes it what the papers call it.
+VARIANTS: dict[str, dict[str, str]] = {
+    **{name: {"algo": name} for name in ALGORITHMS},
+    "interval-decay": {"algo": "interval", "interval_schedule": "decay"},
+    "interval-probe": {"algo": "interval", "interval_schedule": "probe"},
+    "elastic": {"algo": "hogwild", "threads_schedule": "window"},
+    "async-tail": {"algo": "hogwild", "lr_schedule": "tail"},
+}
 
 
 def staleness_bound(algo: str, state: np.ndarray) -> int | None:

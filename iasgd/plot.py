@@ -27,21 +27,11 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from iasgd import metrics
+from iasgd.algorithms import ALGORITHMS, VARIANTS
 
 EXIT_USAGE = 2
 INSTALL_HINT = "pip install 'iasgd[plot]'"
-# bench/scaling.py's algorithm names -> the run options they stand for (its ALGOS)
-SWEEP_ALGOS: dict[str, dict[str, str]] = {
-    "sequential": {"algo": "sequential"},
-    "sync": {"algo": "sync"},
-    "async": {"algo": "async"},
-    "hogwild": {"algo": "hogwild"},
-    "interval": {"algo": "interval"},
-    "interval-decay": {"algo": "interval", "interval_schedule": "decay"},
-    "interval-probe": {"algo": "interval", "interval_schedule": "probe"},
-    "elastic": {"algo": "hogwild", "threads_schedule": "window"},
-    "async-tail": {"algo": "hogwild", "lr_schedule": "tail"},
-}
+SWEEP_ALGOS = VARIANTS  # bench/scaling.py's algorithm names -> their run options
 # configuration keys that may tell two same-labelled runs apart, in this order
 DISTINCT_KEYS = ("seed", "lr", "batch_size", "momentum", "gate", "dataset", "model", "y_min",
                  "decay_every", "probe_offset", "window", "tail_amplitude", "time_budget")
@@ -156,10 +146,9 @@ def sweep_runs(doc: dict[str, Any], source: str, pick: list[str]) -> list[Run]:
 def _sweep_bound(config: dict[str, Any]) -> tuple[int | None, bool]:
     """(bound, known) of a sweep run, which does not record its bound: y - 1 for
     a fixed y, y0 - 1 for decay (y only shrinks); unknown for probe."""
-    if config["algo"] in ("sequential", "sync"):
-        return 0, True
-    if config["algo"] != "interval":
-        return None, True
+    bound = ALGORITHMS[config["algo"]].bound
+    if bound != "interval":
+        return (0 if bound == "zero" else None), True
     schedule = config.get("interval_schedule", "fixed")
     if schedule == "fixed":
         return config["interval"] - 1, True

@@ -474,11 +474,11 @@ def kernel_entries(algo: str, simulate: bool = False) -> list[str]:
     cache index files (`module.function`); each compiles what it calls. A
     parallel run's worker loop is `workers.<loop>`, or any `workers.` entry if
     that loop has been renamed."""
-    if algo == "sequential":
+    if not ALGORITHMS[algo].parallel:
         return ["kernels.train_steps", "kernels.predict_images"]
     if simulate:  # it measures step times, then makes the workers' calls itself
         return ["kernels.train_steps", "workers.", "kernels.predict_images"]
-    loop = "sync_worker" if algo == "sync" else "async_worker"
+    loop = f"{ALGORITHMS[algo].loop}_worker"
     return ["kernels.network_loss_and_grad",  # the layer kernels a worker loop calls
             f"workers.{loop}" if hasattr(workers, loop) else "workers.",
             "kernels.predict_images"]
@@ -527,7 +527,7 @@ def physical_memory_bytes() -> int:
 def describe(args: argparse.Namespace, model: models.Model, data: datasets.Dataset,
              load_s: float) -> str:
     algo = args.algo if args.threads == 1 else f"{args.algo} x {args.threads} threads"
-    if args.algo == "interval":
+    if ALGORITHMS[args.algo].bound == "interval":
         algo += f", y={args.interval}, gate {args.gate}"
     resumed = f"; resuming {args.resume}" if args.resume else ""
     return (f"{args.model} ({model.num_params:,} parameters) on {args.dataset} "

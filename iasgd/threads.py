@@ -75,8 +75,9 @@ class Team:
         self.lr_factors = lr_factors(cfg.lr_schedule, HIST_BINS, n)  # tail: ones until sampled
         # async reads a consistent snapshot into a private copy; sync averages
         # the rows of one (n, P) gradient array
-        self.local = np.zeros((n, P if cfg.algo == "async" else 1), np.float32)
-        self.grads = np.zeros((n, P if cfg.algo == "sync" else 1), np.float32)
+        algo = ALGORITHMS[cfg.algo]
+        self.local = np.zeros((n, P if algo.snapshot else 1), np.float32)
+        self.grads = np.zeros((n, P if algo.loop == "sync" else 1), np.float32)
         self.senses = np.zeros((n, 1), np.int64)
         self.rngs = np.zeros((n, 1), np.uint64)
         self.counters = np.zeros((n, W.COUNTER_COLUMNS), np.int64)
@@ -85,7 +86,6 @@ class Team:
         self.hist = np.zeros((n, HIST_BINS), np.int64)
         self.losses = np.zeros((n, 1), np.float64)
         self.run_hist = np.zeros(HIST_BINS, np.int64)
-        algo = ALGORITHMS[cfg.algo]
         self.plan = W.Plan(max(algo.code, 0), POLICIES[cfg.gate].code, cfg.lr, cfg.momentum)
         self.shared = W.Shared(self.state, self.probe, self.params, self.velocity,
                                self.lr_factors, self.ring)
