@@ -12,12 +12,12 @@ read the parameters (see iasgd.gate).
 
 from __future__ import annotations
 
-import numba as nb
 import numpy as np
 
 from iasgd import gate as G
 from iasgd import kernels as K
 from iasgd.atomics import atomic_add, atomic_cas, atomic_load, monotonic_ns
+from iasgd.compiled import jit
 
 HOGWILD, ASYNC, INTERVAL = 0, 1, 2  # the algorithms of async_worker
 
@@ -27,8 +27,6 @@ COUNTER_COLUMNS = 16
 # Slots of the shared `probe` array: steps running right now, their maximum,
 # and the losses written into the loss ring so far.
 ACTIVE, ACTIVE_MAX, LOSS_POS = 0, 1, 2
-
-jit = nb.njit(nogil=True, cache=True)
 
 
 @jit
