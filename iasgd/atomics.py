@@ -44,6 +44,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from iasgd.compiled import PORTABLE_WAIT_VARIABLE
+
 _ORDER = "seq_cst"
 _I64 = ir.IntType(64)
 
@@ -55,7 +57,6 @@ if _SYSTEM not in _CLOCK_IDS or struct.calcsize("P") != 8:
     raise ImportError(f"iasgd runs on 64-bit Linux or macOS, not {_SYSTEM} {_MACHINE}: "
                       "use one of those (on Windows, WSL2 works)")
 _CLOCK_MONOTONIC = _CLOCK_IDS[_SYSTEM]
-PORTABLE_WAIT_VARIABLE = "IASGD_PORTABLE_WAIT"
 _FUTEX_SYSCALLS = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98}
 _SYS_FUTEX = (_FUTEX_SYSCALLS.get(_MACHINE) if _SYSTEM == "Linux"
               and os.environ.get(PORTABLE_WAIT_VARIABLE, "") in ("", "0") else None)

@@ -42,7 +42,6 @@ futex timeouts are a safety net, never needed for progress.
 
 from __future__ import annotations
 
-import numba as nb
 import numpy as np
 
 from iasgd.atomics import (
@@ -56,6 +55,7 @@ from iasgd.atomics import (
     monotonic_ns,
     sleep_us,
 )
+from iasgd.compiled import jit
 
 # Slots of the state array.
 GEN_TAKEN = 0  # (generation << 32) | slots taken in the current interval
@@ -94,8 +94,6 @@ MAX_Y = (1 << 31) - 1
 _LOW32 = (1 << 32) - 1
 SAFETY_US = 10_000  # futex timeout: a safety net only (see the module doc)
 SPIN_ROUNDS = 64  # a waiter spins this often before it sleeps (the model uses fewer)
-
-jit = nb.njit(nogil=True, cache=True)
 
 
 def new_state(y: int = UNBOUNDED, limit: int = 0, active: int = 1 << 30) -> np.ndarray:

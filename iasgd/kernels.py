@@ -23,15 +23,11 @@ parameter array and into the workspace. The column names are below.
 
 from __future__ import annotations
 
-import numba as nb
 import numpy as np
 
-KSIZE = 5  # every convolution in the models is 5x5
+from iasgd.compiled import jit_fastmath as jit
 
-# Reassociation lets LLVM vectorise float reductions; nnan/ninf are left out on
-# purpose so that a diverging run still produces NaN/inf we can detect.
-_FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
-jit = nb.njit(nogil=True, cache=True, fastmath=_FASTMATH)
+KSIZE = 5  # every convolution in the models is 5x5
 
 # Columns of a conv-plan row (one conv5 + ReLU + maxpool2 block).
 C_CIN, C_COUT, C_H, C_W, C_WOFF, C_BOFF, C_XOFF, C_ZOFF, C_POFF, C_AOFF = range(10)

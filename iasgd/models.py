@@ -21,17 +21,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from iasgd import kernels as K
+from iasgd.datasets import DATASETS
 
 MODELS = ("lenet", "mlp")
 DEFAULT_HIDDEN = (128, 128, 128)
 
-# input shape (C, H, W) and class count of each dataset
+# input shape (C, H, W) and class count of each dataset, from its declaration
 DATASET_SHAPES: dict[str, tuple[tuple[int, int, int], int]] = {
-    "cifar10": ((3, 32, 32), 10),
-    "cifar100": ((3, 32, 32), 100),
-    "fashion-mnist": ((1, 28, 28), 10),
-    "synthetic": ((3, 32, 32), 10),
-}
+    name: (spec.input_shape, spec.num_classes) for name, spec in DATASETS.items()}
 
 # Inputs in [0, 1] enter the network as (x - 0.5) / 0.5, in [-1, 1], like
 # PyTorch's CIFAR recipe Normalize((0.5,) * C, (0.5,) * C). Centred inputs get

@@ -485,15 +485,16 @@ def kernel_entries(algo: str, simulate: bool = False) -> list[str]:
 
 
 def uncached_kernels(algo: str, simulate: bool = False, cache_dir: str | None = None) -> list[str]:
-    """Those of `kernel_entries` that numba's on-disk cache (default: the
-    directory numba.config.CACHE_DIR names, see iasgd/__init__.py) has no
+    """Those of `kernel_entries` that numba's on-disk cache (default: iasgd's
+    cache directory, iasgd.compiled.CACHE_DIR) has no
     index file for: this run will compile them first."""
     import numba
 
+    from iasgd import compiled
+
     if numba.config.DISABLE_JIT:  # nothing will be compiled
         return []
-    default = Path(workers.__file__).parent / "__pycache__"  # numba's, were CACHE_DIR unset
-    base = Path(cache_dir or numba.config.CACHE_DIR or default)
+    base = Path(cache_dir or compiled.CACHE_DIR)
     tag = f"py{sys.version_info.major}{sys.version_info.minor}.nbi"
     if not base.is_dir():
         return kernel_entries(algo, simulate)

@@ -26,12 +26,12 @@ from __future__ import annotations
 
 from collections import namedtuple
 
-import numba as nb
 import numpy as np
 
 from iasgd import gate as G
 from iasgd import kernels as K
 from iasgd.atomics import atomic_add, atomic_cas, atomic_load, monotonic_ns
+from iasgd.compiled import jit
 
 HOGWILD, ASYNC, INTERVAL = 0, 1, 2  # the algorithms of async_worker
 
@@ -57,7 +57,6 @@ Inputs = namedtuple("Inputs", ["images", "labels", "scale", "shift"])
 Own = namedtuple("Own", ["local", "grad", "acts", "dacts", "argmax", "conv_plan", "dense_plan",
                          "batch_labels", "idx", "rng", "counters", "hist", "loss_sum"])
 
-jit = nb.njit(nogil=True, cache=True)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1, _MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 

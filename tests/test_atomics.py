@@ -6,7 +6,6 @@ from __future__ import annotations
 import threading
 import time
 
-import numba as nb
 import numpy as np
 
 from iasgd.atomics import (
@@ -19,25 +18,26 @@ from iasgd.atomics import (
     monotonic_ns,
     sleep_us,
 )
+from iasgd.compiled import jit  # cached with iasgd's: these inline its atomics
 
 GO, ARRIVED, ADDS, CAS_COUNT, CAS_RETRIES = range(5)
 
 
-@nb.njit(nogil=True, cache=True)
+@jit
 def _start_together(arr, parties):
     atomic_add(arr, ARRIVED, 1)
     while atomic_load(arr, ARRIVED) < parties:
         pass
 
 
-@nb.njit(nogil=True, cache=True)
+@jit
 def _hammer_add(arr, parties, m):
     _start_together(arr, parties)
     for _ in range(m):
         atomic_add(arr, ADDS, 1)
 
 
-@nb.njit(nogil=True, cache=True)
+@jit
 def _hammer_cas(arr, parties, m):
     _start_together(arr, parties)
     retries = 0
@@ -90,7 +90,7 @@ def test_compare_and_swap_under_contention():
 _SB_GO, _SB_FLAG, _SB_DONE = 8, 32, 80  # slots a cache line apart
 
 
-@nb.njit(nogil=True, cache=True)
+@jit
 def _store_buffering(arr, me, rounds, seen):
     other = 1 - me
     for r in range(1, rounds + 1):
@@ -120,7 +120,7 @@ def test_stores_are_sequentially_consistent():
     assert both_missed == 0, f"{both_missed} of {rounds} rounds reordered a store and a load"
 
 
-@nb.njit(cache=True)
+@jit
 def _cas_semantics(arr):
     a = atomic_cas(arr, 0, 5, 7)  # expected 5, is 3: fails, returns 3
     b = atomic_cas(arr, 0, 3, 9)  # succeeds, returns 3
@@ -133,14 +133,14 @@ def test_operation_semantics():
     assert _cas_semantics(arr) == (3, 3, 9, -4, 6)
 
 
-@nb.njit(cache=True)
+@jit
 def _timed_sleep(us):
     t0 = monotonic_ns()
     sleep_us(us)
     return monotonic_ns() - t0
 
 
-@nb.njit(cache=True)
+@jit
 def _now():
     return monotonic_ns()
 
@@ -153,7 +153,7 @@ def test_clock_and_sleep():
     assert before <= now <= time.monotonic_ns()  # the same clock as Python's
 
 
-@nb.njit(nogil=True, cache=True)
+@jit
 def _sleep_until_changed(arr, timeout_us):
     t0 = monotonic_ns()
     seen = atomic_load(arr, 0)
@@ -163,7 +163,7 @@ def _sleep_until_changed(arr, timeout_us):
     return monotonic_ns() - t0
 
 
-@nb.njit(cache=True)
+@jit
 def _bump_and_wake(arr):
     atomic_add(arr, 0, 1)
     futex_wake_all(arr, 0)

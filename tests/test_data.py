@@ -21,7 +21,7 @@ import h5py
 import numpy as np
 import pytest
 
-from iasgd import data
+from iasgd import data, h5cache
 from iasgd.data import DataError, Dataset
 
 CIFAR10_DIR = "cifar-10-batches-py"
@@ -157,11 +157,18 @@ def leftovers(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.rglob("*") if p.name.endswith((".tmp", ".part")))
 
 
+def use_system_dir(monkeypatch: pytest.MonkeyPatch, directory: Path) -> None:
+    """Make `directory` the system directory of Fashion-MNIST (the Debian package's)."""
+    spec = data.DATASETS["fashion-mnist"]
+    monkeypatch.setitem(data.DATASETS, "fashion-mnist",
+                        dataclasses.replace(spec, system_dirs=(directory,)))
+
+
 @pytest.fixture(autouse=True)
 def no_system_data(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Keep tests independent of the machine: no system Fashion-MNIST, no network, no
     $IASGD_DATA."""
-    monkeypatch.setattr(data, "SYSTEM_FASHION_MNIST_DIR", tmp_path / "no-system-dir")
+    use_system_dir(monkeypatch, tmp_path / "no-system-dir")
     monkeypatch.delenv(data.DATA_DIR_ENV, raising=False)
 
     def no_network(*args: object, **kwargs: object) -> None:
@@ -279,8 +286,9 @@ def test_touched_source_is_rehashed_once_not_reparsed(cifar10_dir: tuple[Path, d
     archive = root / "cifar-10-python.tar.gz"
     os.utime(archive, ns=(1_000_000_000, 1_000_000_000))
     hashes = []
-    real_sha256 = data._sha256_of_files
-    monkeypatch.setattr(data, "_sha256_of_files", lambda p: hashes.append(p) or real_sha256(p))
+    real_sha256 = h5cache.sha256_of_files
+    monkeypatch.setattr(h5cache, "sha256_of_files",
+                        lambda p: hashes.append(p) or real_sha256(p))
     monkeypatch.setattr(data, "_parse_sources", lambda *a: pytest.fail("re-parsed"))
     data.load("cifar10", data_dir=root, progress=False)
     assert len(hashes) == 1  # same content: the new mtime is recorded in the cache
@@ -495,10 +503,10 @@ def test_download_with_right_md5_is_kept_and_loaded(tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     members = cifar10_members()
     payload = write_tar(tmp_path / "served.tar.gz", members).read_bytes()
-    spec = data._CIFAR["cifar10"]
+    spec = data.DATASETS["cifar10"]
     md5 = hashlib.md5(payload).hexdigest()
-    monkeypatch.setitem(data._CIFAR, "cifar10", dataclasses.replace(
-        spec, archive=dataclasses.replace(spec.archive, md5=md5)))
+    monkeypatch.setitem(data.DATASETS, "cifar10", dataclasses.replace(
+        spec, files=(dataclasses.replace(spec.files[0], md5=md5),)))
     _serve(monkeypatch, payload)
     root = tmp_path / "new" / "data"
     dataset = data.load("cifar10", data_dir=root, progress=True)
@@ -543,7 +551,7 @@ def test_fashion_from_archive_dir_uncompressed(tmp_path: Path) -> None:
 
 def test_fashion_from_system_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     arrays = fashion_arrays(seed=4)
-    monkeypatch.setattr(data, "SYSTEM_FASHION_MNIST_DIR", write_fashion(tmp_path / "sys", arrays))
+    use_system_dir(monkeypatch, write_fashion(tmp_path / "sys", arrays))
     _assert_fashion(data.load("fashion-mnist", data_dir=tmp_path / "d", progress=False), arrays)
 
 
@@ -598,7 +606,7 @@ def test_bad_fashion_files_are_data_error(case: str, message: str, tmp_path: Pat
 
 def test_real_fashion_mnist_from_debian_package(tmp_path: Path) -> None:
     system_dir = Path("/usr/share/datasets/fashion-mnist")
-    if data._idx_files_in(system_dir) is None:
+    if data._files_in(system_dir, data.DATASETS["fashion-mnist"]) is None:
         pytest.skip(f"{system_dir} lacks the Fashion-MNIST files (apt-get install "
                     "dataset-fashion-mnist)")
     dataset = data.load("fashion-mnist", data_dir=tmp_path, archive=system_dir, progress=False)
@@ -673,3 +681,67 @@ def test_synthetic_rejects_bad_arguments() -> None:
         data.synthetic(n_train=0)
     with raises_data_error("synthetic needs"):
         data.synthetic(shape=(3, 32))  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------------------
+# The registry: every declaration agrees with what its parser produces
+# --------------------------------------------------------------------------------------
+
+
+def _write_cifar100(root: Path) -> None:
+    rng = np.random.default_rng(1)
+    write_tar(root / "cifar-100-python.tar.gz",
+              {"cifar-100-python/train": cifar_batch(rng, 7, 100, b"fine_labels"),
+               "cifar-100-python/test": cifar_batch(rng, 5, 100, b"fine_labels")})
+
+
+# How to write each declared dataset's official files, tiny, into a data dir (None:
+# generated, no files).  A new declaration needs an entry: see the test below.
+TINY_SOURCES = {
+    "cifar10": lambda root: write_tar(root / "cifar-10-python.tar.gz", cifar10_members()),
+    "cifar100": _write_cifar100,
+    "fashion-mnist": lambda root: write_fashion(root / "fashion-mnist", fashion_arrays()),
+    "synthetic": None,
+}
+
+
+def test_every_declared_dataset_has_tiny_sources_here() -> None:
+    assert set(TINY_SOURCES) == set(data.DATASETS)
+
+
+@pytest.mark.parametrize("name", sorted(data.DATASETS))
+def test_declared_shape_and_classes_match_the_parser(name: str, tmp_path: Path) -> None:
+    spec = data.DATASETS[name]
+    assert spec.name == name and spec.cache_name == f"{name}.h5"
+    writer = TINY_SOURCES[name]
+    if writer is None:
+        assert spec.source == "generated" and spec.files == () and spec.generate is not None
+    else:
+        assert spec.source in ("archive", "directory") and spec.parse is not None
+        assert spec.files and spec.files_label
+        assert all(len(f.md5) == 32 and f.url.startswith(("http://", "https://"))
+                   for f in spec.files)
+        writer(tmp_path)
+    dataset = data.load(name, data_dir=tmp_path, progress=False)
+    assert dataset.name == name
+    assert dataset.input_shape == spec.input_shape
+    assert dataset.x_test.shape[1:] == spec.input_shape
+    assert dataset.num_classes == spec.num_classes
+    if writer is not None:  # read back through the cache: the same declaration checks it
+        assert (tmp_path / spec.cache_name).is_file()
+        cached = data.load(name, data_dir=tmp_path, progress=False)
+        assert cached.input_shape == spec.input_shape
+
+
+def test_models_size_from_the_registry() -> None:
+    from iasgd import models
+    for name, spec in data.DATASETS.items():
+        model = models.build("mlp", name, hidden=(4,))
+        assert model.input_shape == spec.input_shape
+        assert model.arch.num_classes == spec.num_classes
+
+
+def test_cli_dataset_choices_are_the_registry() -> None:
+    from iasgd import run
+    action = next(a for a in run.build_parser()._actions if a.dest == "dataset")
+    assert list(action.choices) == list(data.DATASETS)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import threading
 
-import numba as nb
 import numpy as np
 import pytest
 from gate_model import Scenario, gate_namespace, run_scenario
@@ -24,6 +23,7 @@ from hypothesis import strategies as st
 from iasgd import gate as G
 from iasgd import workers as W
 from iasgd.atomics import atomic_load, atomic_store, cpu_relax, sleep_us
+from iasgd.compiled import jit  # cached with iasgd's: these inline its gate and atomics
 
 # The mutation check (tests/mutants.py) raises the number of examples.
 MODEL_EXAMPLES = int(os.environ.get("IASGD_MODEL_EXAMPLES", "300"))
@@ -121,7 +121,7 @@ def test_compiled_gate_matches_the_model(y, calls):
 STRESS_SEGMENT = 50_000
 
 
-@nb.njit(nogil=True, cache=True)
+@jit
 def _stress_worker(state, wid, wait, drop, spin, out):
     """The worker loop's protocol (iasgd.workers.async_worker) with a spin
     for the gradient. out: [crossings or taus over y - 1, applied]."""
@@ -148,7 +148,7 @@ def _stress_worker(state, wid, wait, drop, spin, out):
     out[1] += applied
 
 
-@nb.njit(nogil=True, cache=True)
+@jit
 def _move_y_and_m(state, low, high, seed, threads, moves_m, flag):
     """Controller: rewrite Y_NEXT as fast as it can (alternating low and high,
     or uniform in [low, high] when seed >= 0), and M now and then."""

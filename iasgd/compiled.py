@@ -1,0 +1,115 @@
+"""numba settings of iasgd: the jit flags and where compiled code is cached.
+
+Every module with compiled code decorates its functions with `jit` (or
+`jit_fastmath`, the layer kernels) from here, so the flags live in one place.
+
+Cache. numba invalidates a cached function only when its own source file
+changes, not when a function it inlines from another module does (a worker
+loop in workers.py inlines the kernels of kernels.py and the atomics of
+atomics.py): a stale cache would silently run old code. So iasgd's functions
+are cached in a directory named for a digest of the modules that hold
+compiled code -- those that import numba or this module at module level (found
+by reading them, so a new compiled module is covered without a list to keep) --
+and of IASGD_PORTABLE_WAIT, which changes the code atomics.py emits. Editing
+run.py or data.py therefore keeps the cache; editing kernels.py empties it.
+
+The directory applies to iasgd's functions only: `jit` sets
+numba.config.CACHE_DIR just while it enables caching on one dispatcher
+(numba's locator reads the setting then and keeps the path), then restores
+it. Other numba users in the process keep numba's own behaviour. This relies
+on numba's public setting and `Dispatcher.enable_caching` only; a custom
+cache locator would subclass numba-private classes whose names changed
+between 0.60 (`_UserProvidedCacheLocator`, `_CacheImpl`) and 0.68.
+
+A user's NUMBA_CACHE_DIR is respected: iasgd's cache then lives under
+$NUMBA_CACHE_DIR/iasgd/, still named for the digest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numba
+
+PORTABLE_WAIT_VARIABLE = "IASGD_PORTABLE_WAIT"  # read by atomics.py; part of the digest
+
+# Every compiled function runs without the GIL (worker threads call them in
+# parallel) and is cached on disk (a cold compile takes ~15-30 s).
+FLAGS: dict[str, Any] = {"nogil": True}
+# Reassociation lets LLVM vectorise float reductions; nnan/ninf are left out on
+# purpose so that a diverging run still produces NaN/inf we can detect.
+FASTMATH = frozenset({"reassoc", "contract", "nsz", "arcp"})
+
+_PACKAGE = Path(__file__).resolve().parent
+# A module-level import of numba or of this module marks a module as holding compiled
+# code (run.py and metrics.py import numba inside functions, for its settings only).
+_COMPILED_IMPORT = re.compile(
+    r"^(import numba\b|from numba\b|import iasgd\.compiled\b|from iasgd\.compiled\b"
+    r"|from iasgd import .*\bcompiled\b)", re.MULTILINE)
+
+
+def compiled_sources(package: Path = _PACKAGE) -> list[Path]:
+    """The modules of `package` that hold compiled code, sorted by name."""
+    return [path for path in sorted(package.glob("*.py"))
+            if _COMPILED_IMPORT.search(path.read_text(encoding="utf-8"))]
+
+
+def cache_key(package: Path = _PACKAGE) -> str:
+    """16 hex digits: a digest of the compiled modules' names and sources and of
+    $IASGD_PORTABLE_WAIT."""
+    digest = hashlib.sha256()
+    digest.update(os.environ.get(PORTABLE_WAIT_VARIABLE, "").encode())
+    for source in compiled_sources(package):
+        digest.update(source.name.encode())
+        digest.update(source.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def cache_dir(package: Path = _PACKAGE) -> Path:
+    """Where iasgd's compiled functions are cached: under $NUMBA_CACHE_DIR/iasgd if
+    the user set it, else the package's __pycache__, else (package not writable,
+    e.g. installed system-wide) $XDG_CACHE_HOME/iasgd; named numba-<cache_key>."""
+    user = os.environ.get("NUMBA_CACHE_DIR")
+    if user:
+        base = Path(user) / "iasgd"
+    elif os.access(package, os.W_OK):
+        base = package / "__pycache__"
+    else:
+        base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "iasgd"
+    return base / f"numba-{cache_key(package)}"
+
+
+CACHE_DIR = cache_dir()
+
+
+@contextlib.contextmanager
+def _numba_cache_dir(path: Path) -> Iterator[None]:
+    """numba.config.CACHE_DIR = path inside the block, restored after."""
+    previous = numba.config.CACHE_DIR
+    numba.config.CACHE_DIR = str(path)
+    try:
+        yield
+    finally:
+        numba.config.CACHE_DIR = previous
+
+
+def _decorator(**flags: Any) -> Callable[[Callable[..., Any]], Any]:
+    """A decorator that compiles with `flags` and caches in CACHE_DIR."""
+    def decorate(func: Callable[..., Any]) -> Any:
+        dispatcher = numba.njit(**flags)(func)
+        if numba.config.DISABLE_JIT:  # a plain Python function: nothing to cache
+            return dispatcher
+        with _numba_cache_dir(CACHE_DIR):
+            dispatcher.enable_caching()  # what njit(cache=True) calls, at our path
+        return dispatcher
+    return decorate
+
+
+jit = _decorator(**FLAGS)
+jit_fastmath = _decorator(**FLAGS, fastmath=set(FASTMATH))

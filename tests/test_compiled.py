@@ -1,0 +1,116 @@
+"""Tests for iasgd.compiled: one set of jit flags, a cache key over the compiled
+modules only, and a cache directory for iasgd's functions only."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numba
+import pytest
+
+from iasgd import compiled
+from iasgd import kernels as K
+
+PACKAGE = Path(compiled.__file__).parent
+
+
+@pytest.fixture
+def package_copy(tmp_path: Path) -> Path:
+    """A copy of the iasgd sources to edit."""
+    return Path(shutil.copytree(PACKAGE, tmp_path / "iasgd",
+                                ignore=shutil.ignore_patterns("__pycache__")))
+
+
+def append_comment(path: Path) -> None:
+    with path.open("a", encoding="utf-8") as f:
+        f.write("\n# an edit\n")
+
+
+def test_compiled_sources_are_the_modules_with_compiled_code() -> None:
+    names = {path.name for path in compiled.compiled_sources()}
+    assert {"atomics.py", "compiled.py", "gate.py", "kernels.py", "workers.py"} <= names
+    assert not names & {"run.py", "data.py", "models.py", "engine.py", "__init__.py"}
+
+
+def test_every_compiled_module_takes_its_flags_from_here() -> None:
+    for path in PACKAGE.glob("*.py"):
+        if path.name != "compiled.py":
+            assert not re.search(r"\bnjit\(|\bjit\(", path.read_text()), path.name
+
+
+def test_editing_a_plain_module_keeps_the_key(package_copy: Path) -> None:
+    key = compiled.cache_key(package_copy)
+    assert key == compiled.cache_key(PACKAGE)
+    for name in ("run.py", "data.py", "models.py", "__init__.py"):
+        append_comment(package_copy / name)
+    assert compiled.cache_key(package_copy) == key
+
+
+@pytest.mark.parametrize("name", ["kernels.py", "workers.py", "gate.py", "atomics.py",
+                                  "compiled.py"])
+def test_editing_a_compiled_module_changes_the_key(name: str, package_copy: Path) -> None:
+    key = compiled.cache_key(package_copy)
+    append_comment(package_copy / name)
+    assert compiled.cache_key(package_copy) != key
+
+
+def test_a_new_module_with_compiled_code_joins_the_key(package_copy: Path) -> None:
+    key = compiled.cache_key(package_copy)
+    (package_copy / "extra.py").write_text("from iasgd.compiled import jit\n")
+    assert compiled.cache_key(package_copy) != key
+
+
+def test_portable_wait_is_in_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(compiled.PORTABLE_WAIT_VARIABLE, raising=False)
+    key = compiled.cache_key()
+    monkeypatch.setenv(compiled.PORTABLE_WAIT_VARIABLE, "1")
+    assert compiled.cache_key() != key
+
+
+def test_cache_dir_default_and_user_numba_cache_dir(monkeypatch: pytest.MonkeyPatch,
+                                                    tmp_path: Path) -> None:
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    key = compiled.cache_key()
+    assert compiled.cache_dir() == PACKAGE / "__pycache__" / f"numba-{key}"
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+    assert compiled.cache_dir() == tmp_path / "iasgd" / f"numba-{key}"
+
+
+def _cache_path(dispatcher: object) -> str:
+    return dispatcher._cache._cache_path  # type: ignore[attr-defined]
+
+
+@pytest.mark.skipif(numba.config.DISABLE_JIT, reason="no caching without the jit")
+def test_cache_dir_applies_to_iasgd_functions_only() -> None:
+    assert Path(_cache_path(K.train_steps)).is_relative_to(compiled.CACHE_DIR)
+    assert str(compiled.CACHE_DIR) not in str(numba.config.CACHE_DIR)
+
+    @numba.njit(cache=True)
+    def someone_elses(x):  # pragma: no cover (never called)
+        return x
+
+    assert not Path(_cache_path(someone_elses)).is_relative_to(compiled.CACHE_DIR)
+
+
+@pytest.mark.skipif(numba.config.DISABLE_JIT, reason="no caching without the jit")
+def test_user_numba_cache_dir_is_respected(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"  # numba caches only functions defined in a file
+    probe.write_text(
+        "import json, numba\n"
+        "from iasgd import compiled, kernels, workers\n"
+        "theirs = numba.njit(cache=True)(lambda x: x)\n"
+        "print(json.dumps([str(compiled.CACHE_DIR), kernels.train_steps._cache._cache_path,\n"
+        "                  workers.next_random._cache._cache_path, theirs._cache._cache_path]))\n")
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "user")}
+    out = subprocess.run([sys.executable, str(probe)], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    ours, kernel, worker, theirs = (Path(p) for p in json.loads(out))
+    assert ours.parent == tmp_path / "user" / "iasgd"
+    assert kernel.is_relative_to(ours) and worker.is_relative_to(ours)
+    assert theirs.is_relative_to(tmp_path / "user") and not theirs.is_relative_to(ours)
