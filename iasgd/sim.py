@@ -78,7 +78,7 @@ def measure_step_times(model: Model, data: Dataset, batch_size: int,
     times = np.empty(steps)
     for s in range(steps + 1):  # step 0 is the warm-up
         t0 = time.perf_counter()
-        K.train_steps(params, velocity, ws.grad, ws.plan.conv, ws.plan.dense, ws.acts, ws.dacts,
+        K.train_steps(params, velocity, ws.grad, ws.plan, ws.acts, ws.dacts,
                       ws.argmax, ws.labels, images, *model.image_transform, data.y_train,
                       order, s % per_epoch, 1, batch_size, 0.0, 0.0, losses)
         if s:
@@ -181,7 +181,7 @@ class _Sim:
                         ws.acts[:n * D].reshape(n, D))
         ws.labels[:n] = self.data.y_train[idx]
         self.computed += 1
-        return K.network_loss_and_grad(params, grad, ws.plan.conv, ws.plan.dense, ws.acts,
+        return K.network_loss_and_grad(params, grad, ws.plan, ws.acts,
                                        ws.dacts, ws.argmax, ws.labels[:n])
 
     def record(self, tau: int, loss: float) -> None:

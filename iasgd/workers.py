@@ -81,7 +81,7 @@ def _record(counters, hist, loss_sum, tau, loss, probe, ring):
 
 @jit
 def async_worker(wid, algo, policy, state, probe, params, velocity, local, grad, acts, dacts,
-                 argmax, batch_labels, idx, conv_plan, dense_plan, images, scale, shift,
+                 argmax, batch_labels, idx, plan, images, scale, shift,
                  labels, lr, momentum, lr_factors, counters, hist, loss_sum, ring):
     """Worker `wid` of hogwild, async (lock-based) or interval, for one epoch.
 
@@ -122,7 +122,7 @@ def async_worker(wid, algo, policy, state, probe, params, velocity, local, grad,
             v_read = atomic_load(state, G.VERSION)
             read = params
         _enter_step(probe)
-        loss = K.network_loss_and_grad(read, grad, conv_plan, dense_plan, acts, dacts,
+        loss = K.network_loss_and_grad(read, grad, plan, acts, dacts,
                                        argmax, batch_labels)
         _leave_step(probe)
         counters[COMPUTED] += 1
@@ -162,7 +162,7 @@ def _timed_barrier(state, parties, sense, counters):
 
 @jit
 def sync_worker(wid, parties, count, state, probe, params, velocity, grads,
-                acts, dacts, argmax, batch_labels, idx, conv_plan, dense_plan, images,
+                acts, dacts, argmax, batch_labels, idx, plan, images,
                 scale, shift, labels, lr, momentum, counters, hist, loss_sum, ring, sense):
     """One worker of synchronous parallel SGD, for one epoch of `count`
     gradients, in rounds: every worker computes a gradient on the same
@@ -183,7 +183,7 @@ def sync_worker(wid, parties, count, state, probe, params, velocity, grads,
         if wid < active:
             _load_batch(images, labels, scale, shift, idx, x, batch_labels)
             _enter_step(probe)
-            loss = K.network_loss_and_grad(params, grads[wid], conv_plan, dense_plan, acts,
+            loss = K.network_loss_and_grad(params, grads[wid], plan, acts,
                                            dacts, argmax, batch_labels)
             _leave_step(probe)
             counters[COMPUTED] += 1
