@@ -50,6 +50,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--algos", default=",".join(ALGOS), help="algorithms to compare")
     p.add_argument("--seeds", type=int, default=3, help="runs per (algorithm, threads)")
     p.add_argument("--dataset", default="cifar10", choices=datasets.DATASETS)
+    p.add_argument("--model", default="lenet",
+                   help="a preset (lenet, mlp, vgg-small) or a layer spec, as iasgd.run takes")
     p.add_argument("--data-dir", default=None)
     p.add_argument("--archive", default=None)
     p.add_argument("--time-budget", type=float, default=45.0, help="training seconds per run")
@@ -79,6 +81,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.from_results:  # the sweep's own options come from the file
         return args
+    try:
+        model = models.build(args.model, "synthetic" if args.quick else args.dataset)
+    except ValueError as e:
+        p.error(f"--model {args.model}: {e}")
+    if args.model not in models.MODELS:
+        args.model = model.spec  # canonical, so that a resume compares like with like
     args.threads = [int(n) for n in args.threads.split(",")]
     args.algos = args.algos.split(",")
     unknown = [a for a in args.algos if a not in ALGOS]
@@ -94,8 +102,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.algos = [a for a in args.algos if ALGOS[a]["algo"] in sim.SIMULATED_ALGOS]
         if args.quick:  # simulated seconds: a few epochs of the synthetic set
             args.time_budget = min(args.time_budget, 0.05)
+    model_tag = "" if args.model == "lenet" else (
+        f"{args.model}-" if args.model in models.MODELS else "spec-")
     args.name = args.name or ("quick-" if args.quick else "") + (
-        f"{'simulated-' if args.simulate else ''}{args.dataset}-"
+        f"{'simulated-' if args.simulate else ''}{model_tag}{args.dataset}-"
         f"{'-'.join(map(str, args.threads))}")
     return args
 
@@ -289,7 +299,7 @@ def run_sweep(args: argparse.Namespace, out: Path) -> tuple[dict, float]:
         data = datasets.synthetic(seed=0, n_train=2000, n_test=300)
     else:
         data = datasets.load(args.dataset, args.data_dir, args.archive)
-    model = models.build("lenet", args.dataset)
+    model = models.build(args.model, args.dataset)
     simulation = None
     if args.simulate:
         times = sim.measure_step_times(model, data, args.batch_size)

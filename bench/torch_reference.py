@@ -1,42 +1,47 @@
-"""The same networks in PyTorch, built from an iasgd model's layout, for the
+"""The same networks in PyTorch, built from an iasgd model's layer list, for the
 benchmarks and for cross-checking the kernels (tests skip it without torch)."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from iasgd.models import INPUT_MEAN, INPUT_STD, Model
+from iasgd.models import INPUT_MEAN, INPUT_STD, Conv, Dense, Flatten, Model, Pool, ReLU
 
 
 class TorchNet(nn.Module):
-    """Conv blocks (5x5 conv, ReLU, 2x2 max-pool) then dense layers, named like
-    iasgd's layout (conv1, conv2, ..., fc1, fc2, ...)."""
+    """The model's layers as torch modules, with parameters named like iasgd's
+    layout (conv1, conv2, ..., fc1, fc2, ...) so that they can be copied over."""
 
     def __init__(self, model: Model):
         super().__init__()
-        arch = model.arch
-        c = arch.input_shape[0]
-        self.convs = len(arch.conv_channels)
-        self.denses = len(arch.hidden) + 1
-        for i, cout in enumerate(arch.conv_channels, start=1):
-            setattr(self, f"conv{i}", nn.Conv2d(c, cout, 5))
-            c = cout
-        shapes = {name: shape for name, shape, _ in model.layout}
-        for i in range(1, self.denses + 1):
-            out, inp = shapes[f"fc{i}.weight"]
-            setattr(self, f"fc{i}", nn.Linear(inp, out))
+        self.order: list[str] = []  # module names (or "relu", "pool", "flatten") in order
+        for ls in model.shapes:
+            layer = ls.layer
+            if isinstance(layer, Conv):
+                cin = model.layout_shape(f"{ls.name}.weight")[1]
+                setattr(self, ls.name, nn.Conv2d(cin, layer.out, layer.k,
+                                                 padding=(layer.k - 1) // 2
+                                                 if layer.padding == "same" else 0))
+                self.order.append(ls.name)
+            elif isinstance(layer, Dense):
+                out, inp = model.layout_shape(f"{ls.name}.weight")
+                setattr(self, ls.name, nn.Linear(inp, out))
+                self.order += ["flatten", ls.name]
+            elif isinstance(layer, ReLU | Pool | Flatten):
+                self.order.append(ls.name)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for i in range(1, self.convs + 1):
-            x = F.max_pool2d(F.relu(getattr(self, f"conv{i}")(x)), 2)
-        x = x.flatten(1)
-        for i in range(1, self.denses + 1):
-            x = getattr(self, f"fc{i}")(x)
-            if i < self.denses:
-                x = F.relu(x)
+        for name in self.order:
+            if name == "relu":
+                x = torch.relu(x)
+            elif name == "pool":
+                x = torch.nn.functional.max_pool2d(x, 2)
+            elif name == "flatten":
+                x = x.flatten(1)
+            else:
+                x = getattr(self, name)(x)
         return x
 
 
@@ -57,4 +62,5 @@ def torch_inputs(images: np.ndarray) -> torch.Tensor:
 
 
 def torch_flat_params(net: TorchNet) -> np.ndarray:
+    """The parameters in iasgd's layout order (conv1.weight, conv1.bias, ...)."""
     return np.concatenate([p.detach().numpy().ravel() for p in net.parameters()])

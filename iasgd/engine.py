@@ -92,7 +92,7 @@ class _SequentialRun:
         labels = self.data.y_train
         chunk = 16  # grows to about CHUNK_SECONDS of work after the first call
         # Load (or compile) the kernels before the clock starts: zero steps.
-        K.train_steps(r.params, self.velocity, ws.grad, ws.plan.conv, ws.plan.dense, ws.acts,
+        K.train_steps(r.params, self.velocity, ws.grad, ws.plan, ws.acts,
                       ws.dacts, ws.argmax, ws.labels, self.images, *transform, labels,
                       np.arange(n_train, dtype=np.int64), 0, 0, cfg.batch_size, cfg.lr,
                       cfg.momentum, self.losses)
@@ -104,8 +104,8 @@ class _SequentialRun:
             while self.step < self.steps:
                 count = min(chunk, self.steps - self.step)
                 t0 = time.perf_counter()
-                done = K.train_steps(r.params, self.velocity, ws.grad, ws.plan.conv,
-                                     ws.plan.dense, ws.acts, ws.dacts, ws.argmax, ws.labels,
+                done = K.train_steps(r.params, self.velocity, ws.grad, ws.plan,
+                                     ws.acts, ws.dacts, ws.argmax, ws.labels,
                                      self.images, *transform, labels, self.order, self.step,
                                      count, cfg.batch_size, cfg.lr, cfg.momentum, self.losses)
                 dt = time.perf_counter() - t0

@@ -30,7 +30,7 @@ EXIT_SIGTERM = 143
 MAX_THREADS = 1024  # far beyond any CPU this runs on; a typo guard
 # Seconds numba takes to compile, with an empty cache, on a 2-core VM (2026-11):
 # the training step with every layer kernel, and a parallel worker loop on top.
-KERNELS_COMPILE_S = 20
+KERNELS_COMPILE_S = 45
 WORKER_LOOP_COMPILE_S = 10
 
 
@@ -117,8 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("model and data")
     g.add_argument("--dataset", choices=datasets.DATASETS, default="cifar10",
                    help="training data; synthetic needs no files")
-    g.add_argument("--model", choices=models.MODELS, default="lenet",
-                   help="lenet: LeNet-5 as in the paper; mlp: dense layers with ReLU")
+    g.add_argument("--model", default="lenet", metavar="MODEL",
+                   help="a preset: lenet (LeNet-5 as in the paper), mlp (dense layers with "
+                        "ReLU), vgg-small (two 3x3 conv blocks of 32 and 64 channels); or a "
+                        "layer spec such as conv32k3s,relu,pool,dense128,relu,dense "
+                        "(grammar: docs/models.md)")
     g.add_argument("--hidden", type=_widths, default=None,
                    help="hidden widths of the mlp, comma-separated (default 128,128,128)")
     g.add_argument("--data-dir", default=None,
@@ -212,6 +215,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = build_parser().parse_args(argv)
     if args.hidden is not None and args.model != "mlp":
         raise UsageError("--hidden applies to --model mlp only")
+    try:  # a bad spec is one line and exit 2, before any data is loaded
+        model = models.build(args.model, args.dataset, hidden=args.hidden)
+    except ValueError as e:
+        raise UsageError(f"--model {args.model}: {e}") from None
+    if args.model not in models.MODELS:  # a spec, recorded (and compared on resume) canonically
+        args.model = model.spec
     if args.threads > MAX_THREADS:
         raise UsageError(f"--threads {args.threads} is more than {MAX_THREADS}; "
                          "use at most a few times the number of cores")

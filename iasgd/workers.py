@@ -50,12 +50,12 @@ Shared = namedtuple("Shared", ["state", "probe", "params", "velocity", "lr_facto
 # images (M, D) uint8 -> images * scale + shift; labels (M,) int64
 Inputs = namedtuple("Inputs", ["images", "labels", "scale", "shift"])
 # local: (P,) a private copy of the parameters (async's snapshot; the
-# simulator's read); grad: (P,); acts, dacts, argmax, conv_plan, dense_plan:
-# the model's workspace; batch_labels, idx: (b,); rng: (1,) uint64 random
+# simulator's read); grad: (P,); acts, dacts, argmax, layers (the kernels'
+# plan table): the model's workspace; batch_labels, idx: (b,); rng: (1,) uint64 random
 # stream; counters: (COUNTER_COLUMNS,) int64; hist: (bins,) staleness of this
 # epoch; loss_sum: (1,) float64 sum of this epoch's applied losses
-Own = namedtuple("Own", ["local", "grad", "acts", "dacts", "argmax", "conv_plan", "dense_plan",
-                         "batch_labels", "idx", "rng", "counters", "hist", "loss_sum"])
+Own = namedtuple("Own", ["local", "grad", "acts", "dacts", "argmax", "layers", "batch_labels",
+                         "idx", "rng", "counters", "hist", "loss_sum"])
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1, _MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
@@ -161,8 +161,8 @@ def compute_step(shared, own, params):
     """Forward and backward of own's batch at `params` (the shared array or
     own.local); the gradient into own.grad. Returns the batch's mean loss."""
     _enter_step(shared.probe)
-    loss = K.network_loss_and_grad(params, own.grad, own.conv_plan, own.dense_plan, own.acts,
-                                   own.dacts, own.argmax, own.batch_labels)
+    loss = K.network_loss_and_grad(params, own.grad, own.layers, own.acts, own.dacts,
+                                   own.argmax, own.batch_labels)
     _leave_step(shared.probe)
     own.counters[COMPUTED] += 1
     return loss
@@ -234,8 +234,8 @@ def round_gradient(shared, inputs, own, grad):
     into `grad` (a row of the round's (n, P) array). Returns its loss."""
     _load_batch(inputs, own)
     _enter_step(shared.probe)
-    loss = K.network_loss_and_grad(shared.params, grad, own.conv_plan, own.dense_plan,
-                                   own.acts, own.dacts, own.argmax, own.batch_labels)
+    loss = K.network_loss_and_grad(shared.params, grad, own.layers, own.acts, own.dacts,
+                                   own.argmax, own.batch_labels)
     _leave_step(shared.probe)
     own.counters[COMPUTED] += 1
     return loss
@@ -318,8 +318,8 @@ def new_own(ws, local: np.ndarray, counters: np.ndarray, hist: np.ndarray,
             loss_sum: np.ndarray, rng: np.ndarray) -> Own:
     """One worker's bundle over a model workspace `ws` (iasgd.models) and the
     given rows of the executor's per-worker arrays."""
-    return Own(local, ws.grad, ws.acts, ws.dacts, ws.argmax, ws.plan.conv, ws.plan.dense,
-               ws.labels, np.zeros(ws.capacity, np.int64), rng, counters, hist, loss_sum)
+    return Own(local, ws.grad, ws.acts, ws.dacts, ws.argmax, ws.plan, ws.labels,
+               np.zeros(ws.capacity, np.int64), rng, counters, hist, loss_sum)
 
 
 def stream_seed(seed: int, wid: int, segment: int) -> np.uint64:

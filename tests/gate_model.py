@@ -369,8 +369,7 @@ def _worker_args(state: np.ndarray, wid: int, sc: Scenario, shared_arrays: dict)
                             np.zeros(P, f32), np.ones(bins, f32), np.zeros(8))
     inputs = workers.Inputs(np.zeros((4, 2), np.uint8), np.zeros(4, np.int64), 1.0, 0.0)
     own = workers.Own(np.zeros(P, f32), np.zeros(P, f32), np.zeros(2, f32), np.zeros(2, f32),
-                      np.zeros(2, np.int64), np.zeros((0, 8), np.int64),
-                      np.zeros((0, 4), np.int64), np.zeros(1, np.int64),
+                      np.zeros(2, np.int64), np.zeros((0, 8), np.int64), np.zeros(1, np.int64),
                       np.zeros(1, np.int64), np.zeros(1, np.uint64),
                       np.zeros(workers.COUNTER_COLUMNS, np.int64), np.zeros(bins, np.int64),
                       np.zeros(1))

@@ -38,22 +38,46 @@ def softmax_xent(logits: np.ndarray, labels: np.ndarray) -> float:
     return float(np.mean(logsumexp(logits, axis=1) - logits[np.arange(len(labels)), labels]))
 
 
+def conv2d(x: np.ndarray, w: np.ndarray, b: np.ndarray, padding: str) -> np.ndarray:
+    """conv2d_valid after zero-padding (k-1)/2 pixels all round for "same"."""
+    if padding == "same":
+        p = (w.shape[2] - 1) // 2
+        x = np.pad(x, ((0, 0), (0, 0), (p, p), (p, p)))
+    return conv2d_valid(x, w, b)
+
+
+def maxpool2(z: np.ndarray) -> np.ndarray:
+    """2x2 max-pool (floor) of (N, C, H, W), no ReLU."""
+    N, C, H, W = z.shape
+    z = z[:, :, : H // 2 * 2, : W // 2 * 2]
+    return z.reshape(N, C, H // 2, 2, W // 2, 2).max(axis=(3, 5))
+
+
 def network_logits(model, params: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """Forward pass of a models.Model written with numpy/scipy, by tensor name,
-    in PyTorch's conventions (flatten in C order of (C, H, W)); x in [0, 1]."""
+    """Forward pass of a models.Model written with numpy/scipy, layer by layer
+    from its layer list, by tensor name, in PyTorch's conventions (flatten in C
+    order of (C, H, W)); x in [0, 1]."""
+    from iasgd.models import INPUT_MEAN, INPUT_STD, Conv, Dense, Flatten, Pool, ReLU
+
     t = {name: params[off:off + int(np.prod(shape))].reshape(shape).astype(np.float64)
          for name, shape, off in model.layout}
-    from iasgd.models import INPUT_MEAN, INPUT_STD
-
     a = (x.reshape(x.shape[0], *model.input_shape).astype(np.float64) - INPUT_MEAN) / INPUT_STD
-    for i in range(1, len(model.arch.conv_channels) + 1):
-        a = relu_maxpool2(conv2d_valid(a, t[f"conv{i}.weight"], t[f"conv{i}.bias"]))
-    a = a.reshape(a.shape[0], -1)
-    layers = len(model.arch.hidden) + 1
-    for i in range(1, layers + 1):
-        a = a @ t[f"fc{i}.weight"].T + t[f"fc{i}.bias"]
-        if i < layers:
+    convs = denses = 0
+    for layer in model.arch.layers:
+        if isinstance(layer, Conv):
+            convs += 1
+            a = conv2d(a, t[f"conv{convs}.weight"], t[f"conv{convs}.bias"], layer.padding)
+        elif isinstance(layer, ReLU):
             a = np.maximum(a, 0)
+        elif isinstance(layer, Pool):
+            a = maxpool2(a)
+        elif isinstance(layer, Flatten):
+            a = a.reshape(a.shape[0], -1)
+        elif isinstance(layer, Dense):
+            denses += 1
+            a = a.reshape(a.shape[0], -1) @ t[f"fc{denses}.weight"].T + t[f"fc{denses}.bias"]
+        else:
+            raise TypeError(layer)
     return a
 
 

@@ -8,7 +8,13 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from reference import central_difference, conv2d_valid, relu_maxpool2, softmax_xent
+from reference import (
+    central_difference,
+    conv2d_valid,
+    maxpool2,
+    relu_maxpool2,
+    softmax_xent,
+)
 
 from iasgd import kernels as K
 
@@ -233,9 +239,10 @@ def test_relu_maxpool2_routes_ties_to_the_first_maximum():
     assert dz[0, 0].tolist() == [1.0] + [0.0] * 11
 
 
-def test_train_steps_match_pytorch_sgd():
-    """40 steps of LeNet-5 with momentum, step by step against PyTorch's SGD on
-    the same batches from the same initial parameters."""
+@pytest.mark.parametrize("preset", ["lenet", "vgg-small"])
+def test_train_steps_match_pytorch_sgd(preset):
+    """40 steps of LeNet-5 / vgg-small with momentum, step by step against
+    PyTorch's SGD on the same batches from the same initial parameters."""
     torch = pytest.importorskip("torch")
     import sys
     from pathlib import Path
@@ -246,7 +253,7 @@ def test_train_steps_match_pytorch_sgd():
     from iasgd import models
 
     torch.set_num_threads(1)
-    m = models.build("lenet", "cifar10")
+    m = models.build(preset, "cifar10")
     params = m.init(0)
     net = torch_net(m, params)
     opt = torch.optim.SGD(net.parameters(), lr=0.005, momentum=0.5)
@@ -256,7 +263,7 @@ def test_train_steps_match_pytorch_sgd():
     labels = rng.integers(0, 10, steps * b)
     ws = m.workspace(b)
     losses = np.zeros(steps)
-    K.train_steps(params, np.zeros_like(params), ws.grad, ws.plan.conv, ws.plan.dense, ws.acts,
+    K.train_steps(params, np.zeros_like(params), ws.grad, ws.plan, ws.acts,
                   ws.dacts, ws.argmax, ws.labels, images.reshape(steps * b, -1),
                   *m.image_transform, labels, np.arange(steps * b), 0, steps, b, 0.005, 0.5,
                   losses)
@@ -268,4 +275,133 @@ def test_train_steps_match_pytorch_sgd():
         loss.backward()
         opt.step()
         assert losses[s] == pytest.approx(loss.item(), abs=1e-5)
+    # float32 sums in another order; seen: 1.5e-8 (lenet), 1.8e-7 (vgg-small)
     np.testing.assert_allclose(params, torch_flat_params(net), atol=1e-6)
+
+
+# ------------------------------------------- any kernel size, wide inputs, pad/flatten
+
+
+any_conv_shapes = st.tuples(
+    st.integers(1, 2),  # N
+    st.integers(1, 6),  # C (the 3x3 kernels take 4 at a time: remainders too)
+    st.integers(1, 6),  # O
+    st.sampled_from([1, 3, 5, 7]),  # k
+    st.integers(0, 5),  # H - k
+    st.integers(0, 5),  # W - k
+    st.integers(0, 3),  # junk columns: the input's row stride S = W + junk
+    st.integers(0, 2**31 - 1),  # seed
+)
+
+
+def any_conv_case(shape, dtype):
+    N, C, O, k, dh, dw, junk, seed = shape
+    H, W = k + dh, k + dw
+    S = W + junk
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((N, C, H, S)).astype(dtype)  # junk columns hold garbage
+    w = rng.standard_normal((O, C, k, k)).astype(dtype)
+    b = rng.standard_normal(O).astype(dtype)
+    return rng, x, w, b, W
+
+
+@SHAPES
+@given(any_conv_shapes)
+def test_conv_forward_any_kernel_on_wide_input_matches_scipy(shape):
+    _, x, w, b, W = any_conv_case(shape, np.float32)
+    N, _, H, S = x.shape
+    k = w.shape[2]
+    out = np.full((N, w.shape[0], (H - k + 1) * S), np.nan, np.float32)
+    K.conv_forward(x, w, b, out, W)
+    got = out.reshape(N, -1, H - k + 1, S)[..., : W - k + 1]
+    assert rel_err(got, conv2d_valid(x[..., :W], w, b)) < FWD_RTOL
+
+
+@SHAPES
+@given(any_conv_shapes)
+def test_conv_backward_any_kernel_matches_finite_differences(shape):
+    rng, x, w, b, W = any_conv_case(shape, np.float64)
+    N, C, H, S = x.shape
+    O, _, k, _ = w.shape
+    OH, OW = H - k + 1, W - k + 1
+    R = rng.standard_normal((N, O, OH, OW))
+    Rw = np.zeros((N, O, OH, S))
+    Rw[..., :OW] = R
+    Rw = Rw.reshape(N, O, OH * S)
+    out = np.zeros((N, O, OH * S))
+
+    def loss(_):
+        K.conv_forward(x, w, b, out, W)
+        return float(np.sum(R * out.reshape(N, O, OH, S)[..., :OW]))
+
+    dw, db, dx = np.zeros_like(w), np.zeros_like(b), np.full_like(x, np.nan)
+    K.conv_backward_weights(x, Rw, dw, db, W)
+    K.conv_backward_input(w, Rw, dx, W)
+    for arr, grad in ((w, dw), (b, db)):
+        for i in rng.choice(arr.size, min(arr.size, 6), replace=False):
+            fd = central_difference(loss, arr, i)
+            assert abs(fd - grad.flat[i]) <= FD_RTOL * max(1.0, abs(fd))
+    for _ in range(6):  # inputs in the valid columns
+        at = (rng.integers(N), rng.integers(C), rng.integers(H), rng.integers(W))
+        fd = central_difference(loss, x, int(np.ravel_multi_index(at, x.shape)))
+        assert abs(fd - dx[at]) <= FD_RTOL * max(1.0, abs(fd))
+    # dx in full against the transposed convolution; junk columns exactly zero
+    ref_dx = np.zeros((N, C, H, W))
+    for n in range(N):
+        for o in range(O):
+            for c in range(C):
+                for kh in range(k):
+                    for kw in range(k):
+                        ref_dx[n, c, kh:kh + OH, kw:kw + OW] += w[o, c, kh, kw] * R[n, o]
+    assert rel_err(dx[..., :W], ref_dx) < 1e-12
+    assert np.all(dx[..., W:] == 0)
+
+
+@SHAPES
+@given(st.integers(1, 2), st.integers(1, 3), st.integers(1, 6), st.integers(1, 6),
+       st.integers(0, 3), st.integers(1, 3), st.integers(0, 2**31 - 1))
+def test_pad_and_flatten_forward_and_backward(N, C, H, W, junk, border, seed):
+    rng = np.random.default_rng(seed)
+    S = W + junk
+    x = rng.standard_normal((N, C, H, S))
+    padded = np.full((N, C, H + 2 * border, W + 2 * border), np.nan)
+    K.pad_forward(x, W, border, padded)
+    want = np.pad(x[..., :W], ((0, 0), (0, 0), (border, border), (border, border)))
+    np.testing.assert_array_equal(padded, want)
+    R = rng.standard_normal(padded.shape)
+    dx = np.full_like(x, np.nan)
+    K.pad_backward(R, W, border, dx)
+    np.testing.assert_array_equal(dx[..., :W], R[:, :, border:-border, border:-border])
+    assert np.all(dx[..., W:] == 0)
+
+    flat = np.full((N, C * H * W), np.nan)
+    K.flatten_forward(x, W, flat)
+    np.testing.assert_array_equal(flat, x[..., :W].reshape(N, -1))
+    Rf = rng.standard_normal(flat.shape)
+    K.flatten_backward(Rf, W, dx)
+    np.testing.assert_array_equal(dx[..., :W], Rf.reshape(N, C, H, W))
+    assert np.all(dx[..., W:] == 0)
+
+
+@SHAPES
+@given(pool_shapes)
+def test_maxpool2_without_relu_forward_and_backward(shape):
+    N, C, OH, OW, seed = shape
+    rng = np.random.default_rng(seed)
+    width = OW + 2
+    z = rng.standard_normal((N, C, OH, width))
+    zw = z.reshape(N, C, OH * width).copy()
+    out = np.zeros((N, C, OH // 2, OW // 2))
+    argmax = np.zeros(out.shape, np.int32)
+    K.maxpool2_forward(zw, width, out, argmax)
+    np.testing.assert_array_equal(out, maxpool2(z[..., :OW]))
+    R = rng.standard_normal(out.shape)
+    dz = np.full_like(zw, np.nan)
+    K.maxpool2_backward(R, out, argmax, dz)
+    assert np.all(dz.reshape(N, C, OH, width)[..., OW:] == 0)
+
+    def loss(v):
+        return float(np.sum(R * maxpool2(v.reshape(N, C, OH, width)[..., :OW])))
+
+    for i in rng.choice(zw.size, min(zw.size, 12), replace=False):
+        assert abs(central_difference(loss, zw, i) - dz.flat[i]) < 1e-6

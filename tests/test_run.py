@@ -85,6 +85,11 @@ BAD = [
     (["--seed", "1.5"], "--seed"),
     (["--dataset", "imagenet"], "--dataset"),
     (["--model", "resnet"], "--model"),
+    (["--model", "conv8,tanh,dense"], "unknown layer 'tanh' (layer 2)"),
+    (["--model", "conv0k3s,dense"], "zero channels"),
+    (["--model", "conv8k3s" + ",pool" * 6 + ",dense"], "too small for a 2x2 pool"),
+    (["--model", "conv8k9,conv8k9,conv8k9,conv8k9,dense"], "too small for a 9x9 valid conv"),
+    (["--model", "conv8k3s,dense7"], "must have 10 outputs"),
     (["--hidden", "12,0"], "--hidden"),
     (["--hidden", "12,x"], "--hidden"),
     (["--hidden", "64"], "--hidden applies to --model mlp"),
@@ -348,3 +353,26 @@ def test_a_cold_cache_says_it_compiles_and_a_warm_one_does_not(tmp_path):
     assert say[0] < done[0] < first_epoch[0]
     assert f"about {run.KERNELS_COMPILE_S} s" in cold[say[0]]
     assert "compil" not in runs[1].stdout + runs[1].stderr
+
+
+def test_a_spec_model_trains_is_recorded_and_resumes_only_as_itself(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    spec = "Conv4k3S, relu,pool,dense16,relu,dense"
+    assert run.main(["--dataset", "synthetic", "--model", spec, "--epochs", "1", "--lr", "0.02",
+                     "--out", str(out), "--checkpoint-every", "1"]) == 0
+    said = capsys.readouterr().out
+    assert "conv4k3s,relu,pool,dense16,relu,dense (16,682 parameters)" in said
+    doc = json.loads(out.read_text())
+    assert doc["config"]["model"] == "conv4k3s,relu,pool,dense16,relu,dense"  # canonical
+    assert doc["epochs"][-1]["test_accuracy"] > 0.5
+    ckpt = str(tmp_path / "r.ckpt.h5")
+    assert run.main(["--resume", ckpt, "--quiet", "--out", str(out), "--model",
+                     "conv8k3s,relu,pool,dense16,relu,dense"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot change the model" in err and err.count("\n") == 1
+    # the same layers spelt another way are the same model
+    assert run.main(["--resume", ckpt, "--quiet", "--out", str(out), "--epochs", "2",
+                     "--model", "conv4k3s,relu,pool,dense16,relu,dense10"]) == 2
+    assert run.main(["--resume", ckpt, "--quiet", "--out", str(out), "--epochs", "2",
+                     "--model", "conv4k3s,relu,pool,dense16,relu,dense"]) == 0
+    assert json.loads(out.read_text())["status"] == "completed"

@@ -110,3 +110,17 @@ def test_from_results_refuses_a_file_that_is_not_a_sweep(tmp_path, capsys):
         scaling.main(["--from-results", str(tmp_path / "x.json")])
     assert stop.value.code == 2
     assert "not a sweep results file" in capsys.readouterr().err
+
+
+def test_quick_sweep_passes_the_model_through(tmp_path):
+    doc = scaling.main(["--quick", "--threads", "2", "--algos", "hogwild", "--seeds", "1",
+                        "--model", "conv4k3s,relu,pool,dense", "--out-dir", str(tmp_path)])
+    assert doc["options"]["model"] == "conv4k3s,relu,pool,dense"
+    assert [p.name for p in tmp_path.glob("*.json")] == ["quick-spec-synthetic-2.json"]
+
+
+def test_a_bad_model_is_one_line_and_exit_2(capsys):
+    with pytest.raises(SystemExit) as info:
+        scaling.main(["--quick", "--model", "conv4k3s,pool,pool,pool,pool,pool,pool,dense"])
+    assert info.value.code == 2
+    assert "too small for a 2x2 pool" in capsys.readouterr().err

@@ -349,3 +349,27 @@ def test_the_async_lock_excludes():
     for t in workers:
         t.join(60)
     assert counter[0] == 4 * 20_000
+
+
+@pytest.mark.parametrize(("algo", "extra"), [
+    ("sequential", {}), ("hogwild", {}), ("async", {}), ("sync", {}),
+    ("interval", {"interval": 4, "gate": "wait"}), ("interval", {"interval": 4, "gate": "drop"}),
+])
+def test_every_algorithm_trains_a_spec_model(algo, extra):
+    """Any layer list goes through the same plan: a tiny conv net with a same
+    conv, a valid conv, a pool and a flatten of a wide map learns with
+    every algorithm (3 threads), and in the simulator."""
+    from iasgd import sim
+
+    data = datasets.synthetic(seed=2, n_train=600, n_test=200, shape=(2, 8, 8), num_classes=3)
+    model = models.build("conv4k3s,relu,pool,conv4k3,relu,dense8,relu,dense",
+                         input_shape=(2, 8, 8), num_classes=3)
+    threads = 1 if algo == "sequential" else 3
+    epochs = 12 if algo == "sync" else 4  # sync makes one update of 3 gradients per round
+    cfg = engine.TrainConfig(algo=algo, threads=threads, epochs=epochs, batch_size=8, lr=0.05,
+                             **extra)
+    result = train_with_timeout(model, data, cfg)
+    assert result.epochs[-1].test_accuracy >= 0.9, result.epochs[-1]
+    if algo != "sequential":
+        simulated = sim.simulate(model, data, cfg, sim.lognormal_steps(1e-3, 0.2), cores=3)
+        assert simulated.epochs[-1].test_accuracy >= 0.9, simulated.epochs[-1]
