@@ -52,9 +52,10 @@ def iasgd_runner(model: models.Model, batch: int, images: np.ndarray,
 
     def run(count: int) -> None:
         for first in range(0, count, limit):  # wrap around the data
-            K.train_steps(params, velocity, ws.grad, ws.plan, ws.acts, ws.dacts, ws.argmax,
-                          ws.labels, flat, *model.image_transform, labels, order, 0,
-                          min(limit, count - first), batch, LR, MOMENTUM, losses)
+            K.train_steps(K.Weights(params, velocity), ws.buffers,
+                          K.Images(flat, labels, *model.image_transform),
+                          K.Steps(order, 0, min(limit, count - first), batch, LR, MOMENTUM),
+                          losses)
 
     return run
 
@@ -109,9 +110,9 @@ import numpy as np
 from iasgd import models, kernels as K
 m = models.build("lenet", "cifar10"); p = m.init(0); ws = m.workspace(16)
 images = np.zeros((16, 3072), np.uint8); labels = np.zeros(16, np.int64)
-K.train_steps(p, np.zeros_like(p), ws.grad, ws.plan, ws.acts, ws.dacts,
-              ws.argmax, ws.labels, images, *m.image_transform, labels,
-              np.arange(16), 0, 1, 16, 0.005, 0.5, np.zeros(1))
+K.train_steps(K.Weights(p, np.zeros_like(p)), ws.buffers,
+              K.Images(images, labels, *m.image_transform),
+              K.Steps(np.arange(16), 0, 1, 16, 0.005, 0.5), np.zeros(1))
 m.predict_images(p, np.zeros((1, 3, 32, 32), np.uint8))
 print(time.perf_counter() - t0)
 """

@@ -88,14 +88,13 @@ class _SequentialRun:
     def run(self, hooks: Hooks, checkpoint_every: int = 0) -> RunResult:
         cfg, r, ws = self.cfg, self.result, self.ws
         n_train = self.images.shape[0]
-        transform = self.model.image_transform
-        labels = self.data.y_train
+        weights, buffers = K.Weights(r.params, self.velocity), ws.buffers
+        data = K.Images(self.images, self.data.y_train, *self.model.image_transform)
         chunk = 16  # grows to about CHUNK_SECONDS of work after the first call
         # Load (or compile) the kernels before the clock starts: zero steps.
-        K.train_steps(r.params, self.velocity, ws.grad, ws.plan, ws.acts,
-                      ws.dacts, ws.argmax, ws.labels, self.images, *transform, labels,
-                      np.arange(n_train, dtype=np.int64), 0, 0, cfg.batch_size, cfg.lr,
-                      cfg.momentum, self.losses)
+        K.train_steps(weights, buffers, data, K.Steps(np.arange(n_train, dtype=np.int64), 0, 0,
+                                                      cfg.batch_size, cfg.lr, cfg.momentum),
+                      self.losses)
         while self.epoch <= cfg.epochs:
             if self.order is None:
                 self.order = self.rng.permutation(n_train).astype(np.int64)
@@ -104,10 +103,9 @@ class _SequentialRun:
             while self.step < self.steps:
                 count = min(chunk, self.steps - self.step)
                 t0 = time.perf_counter()
-                done = K.train_steps(r.params, self.velocity, ws.grad, ws.plan,
-                                     ws.acts, ws.dacts, ws.argmax, ws.labels,
-                                     self.images, *transform, labels, self.order, self.step,
-                                     count, cfg.batch_size, cfg.lr, cfg.momentum, self.losses)
+                steps = K.Steps(self.order, self.step, count, cfg.batch_size, cfg.lr,
+                                cfg.momentum)
+                done = K.train_steps(weights, buffers, data, steps, self.losses)
                 dt = time.perf_counter() - t0
                 self.epoch_time += dt
                 self.step += done

@@ -27,9 +27,21 @@ are named below; unused ones are 0.
 
 from __future__ import annotations
 
+from collections import namedtuple
+
 import numpy as np
 
 from iasgd.compiled import jit_fastmath as jit
+
+# train_steps' arguments in bundles (named tuples, which numba passes as one):
+# params, velocity: (P,) float32; grad: (P,); plan: the int64 plan table;
+# acts, dacts, argmax: the workspace; batch_labels: (b,) int64 scratch;
+# images (M, D) uint8 -> images * scale + shift; labels (M,) int64;
+# order: (M,) int64 permutation; first, count: the steps to run; lr, momentum.
+Weights = namedtuple("Weights", ["params", "velocity"])
+Buffers = namedtuple("Buffers", ["grad", "plan", "acts", "dacts", "argmax", "batch_labels"])
+Images = namedtuple("Images", ["images", "labels", "scale", "shift"])
+Steps = namedtuple("Steps", ["order", "first", "count", "batch_size", "lr", "momentum"])
 
 # Op codes of a plan row.
 OP_CONV = 0     # valid k x k conv: (C, H, W; S) -> (CO, OH, OW; S), weights at WOFF/BOFF
@@ -1004,34 +1016,34 @@ def network_loss_and_grad(params, grad, plan, acts, dacts, argmax, labels):
 
 
 @jit
-def train_steps(params, velocity, grad, plan, acts, dacts, argmax,
-                batch_labels, images, scale, shift, labels, order, first_step, num_steps,
-                batch_size, lr, momentum, losses):
-    """Run num_steps of sequential mini-batch SGD with momentum; returns the
-    number of steps applied, fewer if a loss is not finite (that step's update
-    is not applied: the run has diverged).
+def train_steps(weights, buffers, data, steps, losses):
+    """Run steps.count steps of sequential mini-batch SGD with momentum;
+    returns the number of steps applied, fewer if a loss is not finite (that
+    step's update is not applied: the run has diverged).
 
-    Step s (from first_step) trains on images[order[s*b : (s+1)*b]] (the last
-    batch of an epoch may be shorter), transformed to images * scale + shift.
-    images: (M, D) uint8; labels: (M,)
-    int64; order: (M,) int64 permutation; losses[s] receives step s's loss.
-    batch_labels: (batch_size,) int64 scratch.
+    Step s (from steps.first) trains on images[order[s*b : (s+1)*b]] (the
+    last batch of an epoch may be shorter); losses[s] receives its loss. The
+    bundles are described above (Weights, Buffers, Images, Steps).
     """
+    params, velocity = weights.params, weights.velocity
+    acts, bl_all = buffers.acts, buffers.batch_labels
+    order, b = steps.order, steps.batch_size
     total = order.size
-    D = images.shape[1]
-    for s in range(first_step, first_step + num_steps):
-        start = s * batch_size
-        n = min(batch_size, total - start)
+    D = data.images.shape[1]
+    for s in range(steps.first, steps.first + steps.count):
+        start = s * b
+        n = min(b, total - start)
         idx = order[start:start + n]
-        gather_images(images, idx, scale, shift, _view2(acts, 0, n, D))
-        bl = batch_labels[:n]
+        gather_images(data.images, idx, data.scale, data.shift, _view2(acts, 0, n, D))
+        bl = bl_all[:n]
         for i in range(n):
-            bl[i] = labels[idx[i]]
-        losses[s] = network_loss_and_grad(params, grad, plan, acts, dacts, argmax, bl)
+            bl[i] = data.labels[idx[i]]
+        losses[s] = network_loss_and_grad(params, buffers.grad, buffers.plan, acts,
+                                          buffers.dacts, buffers.argmax, bl)
         if not np.isfinite(losses[s]):
-            return s - first_step
-        sgd_momentum_update(params, velocity, grad, lr, momentum)
-    return num_steps
+            return s - steps.first
+        sgd_momentum_update(params, velocity, buffers.grad, steps.lr, steps.momentum)
+    return steps.count
 
 
 @jit

@@ -368,6 +368,11 @@ class Workspace:
         self.grad = np.zeros(num_params if backward else 1, np.float32)
         self.labels = np.zeros(capacity, np.int64)
 
+    @property
+    def buffers(self) -> K.Buffers:
+        """These buffers as kernels.train_steps takes them."""
+        return K.Buffers(self.grad, self.plan, self.acts, self.dacts, self.argmax, self.labels)
+
 
 class Model:
     """A network on one flat float32 parameter array.

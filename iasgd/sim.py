@@ -70,9 +70,9 @@ def measure_step_times(model: Model, data: Dataset, batch_size: int,
     times = np.empty(steps)
     for s in range(steps + 1):  # step 0 is the warm-up
         t0 = time.perf_counter()
-        K.train_steps(params, velocity, ws.grad, ws.plan, ws.acts, ws.dacts,
-                      ws.argmax, ws.labels, images, *model.image_transform, data.y_train,
-                      order, s % per_epoch, 1, batch_size, 0.0, 0.0, losses)
+        K.train_steps(K.Weights(params, velocity), ws.buffers,
+                      K.Images(images, data.y_train, *model.image_transform),
+                      K.Steps(order, s % per_epoch, 1, batch_size, 0.0, 0.0), losses)
         if s:
             times[s - 1] = time.perf_counter() - t0
     return times

@@ -48,7 +48,7 @@ Plan = namedtuple("Plan", ["algo", "policy", "lr", "momentum"])
 # lr_factors: (bins,) float32 step-size factor by tau; ring: the loss ring
 Shared = namedtuple("Shared", ["state", "probe", "params", "velocity", "lr_factors", "ring"])
 # images (M, D) uint8 -> images * scale + shift; labels (M,) int64
-Inputs = namedtuple("Inputs", ["images", "labels", "scale", "shift"])
+Inputs = K.Images
 # local: (P,) a private copy of the parameters (async's snapshot; the
 # simulator's read); grad: (P,); acts, dacts, argmax, layers (the kernels'
 # plan table): the model's workspace; batch_labels, idx: (b,); rng: (1,) uint64 random

@@ -263,10 +263,9 @@ def test_train_steps_match_pytorch_sgd(preset):
     labels = rng.integers(0, 10, steps * b)
     ws = m.workspace(b)
     losses = np.zeros(steps)
-    K.train_steps(params, np.zeros_like(params), ws.grad, ws.plan, ws.acts,
-                  ws.dacts, ws.argmax, ws.labels, images.reshape(steps * b, -1),
-                  *m.image_transform, labels, np.arange(steps * b), 0, steps, b, 0.005, 0.5,
-                  losses)
+    K.train_steps(K.Weights(params, np.zeros_like(params)), ws.buffers,
+                  K.Images(images.reshape(steps * b, -1), labels, *m.image_transform),
+                  K.Steps(np.arange(steps * b), 0, steps, b, 0.005, 0.5), losses)
     for s in range(steps):
         batch = slice(s * b, (s + 1) * b)
         opt.zero_grad()

@@ -240,9 +240,9 @@ def test_the_training_step_allocates_nothing(name):
 
     def allocations(steps: int) -> int:
         before = rtsys.get_allocation_stats().alloc
-        K.train_steps(params, np.zeros_like(params), ws.grad, ws.plan, ws.acts, ws.dacts,
-                      ws.argmax, ws.labels, images, *m.image_transform, labels, np.arange(24),
-                      0, steps, 4, 0.001, 0.5, np.zeros(6))
+        K.train_steps(K.Weights(params, np.zeros_like(params)), ws.buffers,
+                      K.Images(images, labels, *m.image_transform),
+                      K.Steps(np.arange(24), 0, steps, 4, 0.001, 0.5), np.zeros(6))
         return rtsys.get_allocation_stats().alloc - before
 
     was_enabled = _nrt_python.memsys_stats_enabled()
