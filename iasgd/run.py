@@ -173,7 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--threads-schedule", choices=schedules.THREAD_SCHEDULES, default="fixed",
                    help="window: probe the number of active threads m (elastic baseline)")
     g.add_argument("--window", type=_positive_int, default=8, metavar="w",
-                   help="thread window: number of m values probed")
+                   help="thread window: m is probed over m0 - w/2 .. m0 + w/2, clipped to "
+                        "[1, --threads]")
     g.add_argument("--m0", type=_positive_int, default=None,
                    help="thread window: starting m (default: --threads)")
     g.add_argument("--lr-schedule", choices=schedules.LR_SCHEDULES, default="none",
