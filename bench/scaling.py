@@ -8,7 +8,9 @@
 The full sweep above is 123 runs; an interrupted sweep picks up where it
 stopped with --resume (finished runs are saved after each one).
 
-Every (algorithm, thread count, learning rate, seed) runs on its own, one
+Sequential runs at one thread whatever --threads says; the other algorithms
+at every count of --threads. Every (algorithm, thread count, learning rate,
+seed) runs on its own, one
 after another, for --time-budget seconds of training (evaluation excluded).
 The script prints a table per learning rate and target (a row per algorithm
 and thread count) and writes bench/results/<name>.json, <name>.md and PNG
@@ -226,6 +228,7 @@ def run_one(model, data, cfg: engine.TrainConfig, targets: list[float],
         "acceptance_rate": doc["acceptance_rate"],
         "final_accuracy": doc["final_test_accuracy"],
         "status": str(doc["status"]),
+        "eval_time_s": doc["eval_time_s"],
         "curve": [[e["wall_s"], e["test_accuracy"]] for e in doc["epochs"]],
         "evals": doc["evals"],  # [training s, applied, accuracy]
     }
@@ -333,6 +336,8 @@ def plot(summary: dict, runs: dict, args: argparse.Namespace, out: Path) -> list
 
     paths = []
     largest = max(args.threads)
+    ticks = sorted({n for by_algo in summary.values() for by_n in by_algo.values()
+                    for n in by_n} | set(args.threads))
     several = len(summary) > 1
     algos = list(dict.fromkeys(a for by_algo in summary.values() for a in by_algo))
     styles = ["-", "--", ":", "-."]
@@ -356,8 +361,8 @@ def plot(summary: dict, runs: dict, args: argparse.Namespace, out: Path) -> list
     for _, _, by_n, style in groups:
         ns = sorted(by_n)
         ax.plot(ns, [by_n[n]["samples_per_s"][0] for n in ns], marker="o", **style)
-    ax.set(xlabel="threads", ylabel="applied samples/s (median)", xscale="log", xticks=args.threads,
-           xticklabels=args.threads, title="Throughput")
+    ax.set(xlabel="threads", ylabel="applied samples/s (median)", xscale="log", xticks=ticks,
+           xticklabels=ticks, title="Throughput")
     ax.legend(fontsize=7)
     save(fig, "throughput")
 
@@ -369,8 +374,8 @@ def plot(summary: dict, runs: dict, args: argparse.Namespace, out: Path) -> list
             ax.errorbar(ns, [by_n[n]["time_to_target_s"][t][0] for n in ns],
                         yerr=[by_n[n]["time_to_target_s"][t][1] for n in ns], marker="o",
                         capsize=3, **style)
-        ax.set(xlabel="threads", ylabel="seconds", xscale="log", xticks=args.threads,
-               xticklabels=args.threads,
+        ax.set(xlabel="threads", ylabel="seconds", xscale="log", xticks=ticks,
+               xticklabels=ticks,
                title=f"Time to {100 * target:.0f}% test accuracy (mean ± std)")
         ax.legend(fontsize=7)
         save(fig, "time-to-target" if len(args.targets) == 1
@@ -405,6 +410,12 @@ def plot(summary: dict, runs: dict, args: argparse.Namespace, out: Path) -> list
     return paths
 
 
+def threads_of(algo: str, args: argparse.Namespace) -> list[int]:
+    """The thread counts an algorithm runs at: sequential at 1 alone
+    (whatever --threads says), the others at every one of --threads."""
+    return [1] if algo == "sequential" else list(args.threads)
+
+
 def run_sweep(args: argparse.Namespace, out: Path) -> tuple[dict, float]:
     """Every (learning rate, algorithm, threads, seed) run, one at a time,
     each saved in <out>.partial.json as it finishes. Returns the runs by
@@ -423,8 +434,7 @@ def run_sweep(args: argparse.Namespace, out: Path) -> tuple[dict, float]:
               f"{cores}")
     partial = out.with_suffix(".partial.json")
     runs, seconds_before = finished_runs(partial, args) if args.resume else ({}, 0.0)
-    combos = [(lr, a, n) for lr in args.lrs for a in args.algos for n in args.threads
-              if not (a == "sequential" and n != 1)]
+    combos = [(lr, a, n) for lr in args.lrs for a in args.algos for n in threads_of(a, args)]
     todo = sum(max(args.seeds - len(runs_of(runs, a, n, lr)), 0) for lr, a, n in combos)
     if args.simulate:
         print(f"{todo} runs of {args.time_budget:g} simulated s of training each", flush=True)

@@ -133,7 +133,7 @@ def test_a_bad_model_is_one_line_and_exit_2(capsys):
 
 
 def test_targets_lrs_and_eval_every_give_a_table_and_plot_each(tmp_path):
-    doc = scaling.main(["--quick", "--threads", "2", "--algos", "hogwild,interval-y4",
+    doc = scaling.main(["--quick", "--threads", "2", "--algos", "sequential,hogwild,interval-y4",
                         "--seeds", "1", "--lrs", "0.01,0.02", "--targets", "0.5,0.9",
                         "--eval-every", "25", "--name", "grid", "--out-dir", str(tmp_path)])
     files = sorted(p.name for p in tmp_path.iterdir())
@@ -142,11 +142,14 @@ def test_targets_lrs_and_eval_every_give_a_table_and_plot_each(tmp_path):
                      "grid.md"]
     assert doc["options"]["lrs"] == [0.01, 0.02] and doc["options"]["targets"] == [0.5, 0.9]
     assert set(doc["summary"]) == {"0.01", "0.02"}
-    assert set(doc["summary"]["0.01"]) == {"hogwild", "interval-y4"}
+    assert set(doc["summary"]["0.01"]) == {"sequential", "hogwild", "interval-y4"}
+    assert set(doc["runs"]["sequential"]) == {"1"}  # at one thread, though --threads is 2
+    assert doc["runs"]["sequential"]["1"][0]["evals"][0][1] == 25
     runs = doc["runs"]["interval-y4"]["2"]
     assert [(r["lr"], r["seed"]) for r in runs] == [(0.01, 0), (0.02, 0)]
     for run in runs:
         assert run["evals"] and run["evals"][0][1] == 25  # every 25 applied updates
+        assert run["eval_time_s"] > 0
         assert set(run["time_to_target_s"]) == {"0.5", "0.9"}
         assert run["time_to_target_s"]["0.5"] == scaling.time_to_target(
             [[t, a] for t, _, a in run["evals"]], 0.5)
