@@ -2,22 +2,29 @@
 
     python bench/scaling.py --threads 1,2,4,8,16 --seeds 3 --dataset cifar10 \\
         --archive ../shared/data/cifar-10-jpeg-python.tar.gz \\
-        --time-budget 45 --target-accuracy 0.5
+        --time-budget 45 --targets 0.5,0.55,0.6 --eval-every 500
     python bench/scaling.py --quick        # synthetic data, seconds per run
 
 The full sweep above is 123 runs; an interrupted sweep picks up where it
 stopped with --resume (finished runs are saved after each one).
 
-Every (algorithm, thread count, seed) runs on its own, one after another, for
---time-budget seconds of training (evaluation excluded). The script prints a
-table per algorithm and thread count and writes bench/results/<name>.json,
-<name>.md and PNG plots: throughput vs threads, time to the target accuracy
-vs threads, test accuracy vs training time, and the staleness distribution of
-each algorithm at the largest thread count.
+Sequential runs at one thread whatever --threads says; the other algorithms
+at every count of --threads. Every (algorithm, thread count, learning rate,
+seed) runs on its own, one
+after another, for --time-budget seconds of training (evaluation excluded).
+The script prints a table per learning rate and target (a row per algorithm
+and thread count) and writes bench/results/<name>.json, <name>.md and PNG
+plots: throughput vs threads, time to each target accuracy vs threads, test
+accuracy vs training time, and the staleness distribution of each algorithm
+at the largest thread count (per learning rate when --lrs has several).
 
-Algorithms: sequential, sync, async, hogwild, interval (fixed y),
-interval-decay, interval-probe, elastic (hogwild with the thread-count
-window), async-tail (hogwild with TAIL-tau step sizes).
+Time to target is interpolated between evaluations: every --eval-every
+applied updates when given (outside the training clock), else epoch ends.
+
+Algorithms: sequential, sync, async, hogwild, interval (fixed y = --interval),
+interval-y<Y> (fixed y = Y, e.g. interval-y64), interval-decay, interval-probe,
+elastic (hogwild with the thread-count window), async-tail (hogwild with
+TAIL-tau step sizes).
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ sys.path.insert(0, str(REPO))
 
 from iasgd import data as datasets  # noqa: E402
 from iasgd import engine, metrics, models, sim  # noqa: E402
-from iasgd.algorithms import VARIANTS  # noqa: E402
+from iasgd.algorithms import VARIANTS, sweep_variant  # noqa: E402
 
 ALGOS = VARIANTS  # sweep name -> TrainConfig fields
 PASSED_THROUGH = ("batch_size", "lr", "momentum", "interval", "gate", "y0", "y_min",
@@ -55,8 +62,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data-dir", default=None)
     p.add_argument("--archive", default=None)
     p.add_argument("--time-budget", type=float, default=45.0, help="training seconds per run")
-    p.add_argument("--target-accuracy", type=float, default=0.5,
-                   help="test accuracy whose time to reach is compared")
+    p.add_argument("--targets", "--target-accuracy", dest="targets", default=None,
+                   help="test accuracies whose time to reach is compared, comma-separated "
+                        "(default 0.5; with --from-results the sweep's own; "
+                        "--target-accuracy: the old name)")
+    p.add_argument("--lrs", default=None,
+                   help="learning rates to sweep, comma-separated (default: --lr alone)")
+    p.add_argument("--eval-every", type=int, default=0, metavar="N",
+                   help="evaluate every N applied updates (outside the training clock) as "
+                        "well as at epoch ends; 0: epoch ends only")
     p.add_argument("--name", default=None, help="results name (default: from the options)")
     p.add_argument("--out-dir", default=str(REPO / "bench" / "results"),
                    help="where the JSON, markdown and PNG files go")
@@ -64,8 +78,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="keep the finished runs of an interrupted sweep with the same "
                         "options (<name>.partial.json) and run only the rest")
     p.add_argument("--from-results", default=None, metavar="JSON",
-                   help="run nothing: rebuild the table and plots of a finished sweep "
-                        "from its results file (e.g. for another --target-accuracy)")
+                   help="run nothing: rebuild the tables and plots of a finished sweep "
+                        "from its results file (e.g. for other --targets)")
     p.add_argument("--quick", action="store_true",
                    help="synthetic data, tiny budget: a smoke test in seconds")
     p.add_argument("--simulate", action="store_true",
@@ -79,8 +93,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.add_argument("--" + name.replace("_", "-"), type=type(default) if default is not None
                        else int, default=default)
     args = p.parse_args(argv)
+    try:
+        args.targets = None if args.targets is None else [float(t)
+                                                          for t in args.targets.split(",")]
+        args.lrs = None if args.lrs is None else [float(x) for x in args.lrs.split(",")]
+    except ValueError as e:
+        p.error(f"--targets and --lrs take comma-separated numbers ({e})")
     if args.from_results:  # the sweep's own options come from the file
         return args
+    args.targets = args.targets or [0.5]
+    if args.eval_every < 0:
+        p.error(f"--eval-every must be >= 0, got {args.eval_every}")
+    if args.simulate and args.eval_every:
+        p.error("--eval-every is not simulated (simulated runs evaluate at epoch ends, at no "
+                "simulated cost); drop it")
     try:
         model = models.build(args.model, "synthetic" if args.quick else args.dataset)
     except ValueError as e:
@@ -89,17 +115,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.model = model.spec  # canonical, so that a resume compares like with like
     args.threads = [int(n) for n in args.threads.split(",")]
     args.algos = args.algos.split(",")
-    unknown = [a for a in args.algos if a not in ALGOS]
+    unknown = [a for a in args.algos if sweep_variant(a) is None]
     if unknown:
         p.error(f"unknown algorithms {unknown}; choose from {', '.join(ALGOS)}")
     if args.quick:
         args.dataset, args.time_budget = "synthetic", min(args.time_budget, 1.0)
         args.seeds = min(args.seeds, 2)
-        args.target_accuracy = min(args.target_accuracy, 0.9)
+        args.targets = [min(t, 0.9) for t in args.targets]
         args.lr = 0.02
         args.probe_steps, args.exec_steps = 20, 60
+    args.lrs = args.lrs or [args.lr]
     if args.simulate:
-        args.algos = [a for a in args.algos if ALGOS[a]["algo"] in sim.SIMULATED_ALGOS]
+        args.algos = [a for a in args.algos
+                      if sweep_variant(a)["algo"] in sim.SIMULATED_ALGOS]
         if args.quick:  # simulated seconds: a few epochs of the synthetic set
             args.time_budget = min(args.time_budget, 0.05)
     model_tag = "" if args.model == "lenet" else (
@@ -113,39 +141,76 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def sweep_options(args: argparse.Namespace) -> dict:
     """The options that decide what each run computes (not where files go)."""
     return {k: v for k, v in vars(args).items()
-            if k not in ("resume", "out_dir", "data_dir", "archive", "from_results")}
+            if k not in ("resume", "out_dir", "data_dir", "archive", "from_results", "targets")}
+
+
+def key(x: float) -> str:
+    """A target or learning rate as a JSON key: 0.55 -> "0.55"."""
+    return f"{x:g}"
+
+
+def upgraded(options: dict) -> dict:
+    """A saved sweep's options with the knobs of newer sweeps: older files
+    name one target_accuracy, run one lr and evaluate at epoch ends only."""
+    options = dict(options)
+    target = options.pop("target_accuracy", 0.5)
+    options.setdefault("targets", [target])
+    options.setdefault("lrs", [options.get("lr", engine.TrainConfig.lr)])
+    options.setdefault("eval_every", 0)
+    return options
 
 
 def finished_runs(partial: Path, args: argparse.Namespace) -> tuple[dict, float]:
     """The runs an interrupted sweep with the same options saved in `partial`,
     and the seconds it ran; exits with code 2 and one line when the options
-    differ."""
+    differ (the targets may: time to target is computed when reporting)."""
     if not partial.exists():
         return {}, 0.0
     saved = json.loads(partial.read_text())
+    options = {k: v for k, v in upgraded(saved["options"]).items() if k != "targets"}
     current = json.loads(json.dumps(sweep_options(args)))  # as the file holds them
-    changed = sorted(k for k in current.keys() | saved["options"].keys()
-                     if saved["options"].get(k) != current.get(k))
+    changed = sorted(k for k in current.keys() | options.keys()
+                     if options.get(k) != current.get(k))
     if changed:
         print(f"scaling.py: {partial} was made with other options ({', '.join(changed)}); "
               "rerun with those options, or without --resume to start over", file=sys.stderr)
         raise SystemExit(2)
-    return runs_by_threads(saved["runs"]), saved.get("seconds", 0.0)
+    return runs_by_threads(saved["runs"], options), saved.get("seconds", 0.0)
 
 
-def runs_by_threads(saved: dict) -> dict[str, dict[int, list[dict]]]:
-    """Runs as a JSON file holds them (thread counts as strings), keyed by int."""
-    return {a: {int(n): rs for n, rs in by_n.items()} for a, by_n in saved.items()}
+def runs_by_threads(saved: dict, options: dict) -> dict[str, dict[int, list[dict]]]:
+    """Runs as a JSON file holds them (thread counts as strings), keyed by
+    int; each run tagged with its lr and seed (files older than --lrs: the
+    sweep's one lr, and the seed is the run's place in its list)."""
+    runs: dict[str, dict[int, list[dict]]] = {}
+    for algo, by_n in saved.items():
+        for n, rs in by_n.items():
+            tagged, seen = [], {}
+            for run in rs:
+                run = {"lr": options["lrs"][0], **run}
+                run.setdefault("seed", seen.get(key(run["lr"]), 0))
+                seen[key(run["lr"])] = seen.get(key(run["lr"]), 0) + 1
+                tagged.append(run)
+            runs.setdefault(algo, {})[int(n)] = tagged
+    return runs
 
 
-def config_for(args: argparse.Namespace, algo: str, threads: int, seed: int) -> engine.TrainConfig:
+def runs_of(runs: dict, algo: str, n: int, lr: float) -> list[dict]:
+    return [r for r in runs.get(algo, {}).get(n, []) if key(r["lr"]) == key(lr)]
+
+
+def config_for(args: argparse.Namespace, algo: str, threads: int, seed: int,
+               lr: float | None = None) -> engine.TrainConfig:
     knobs = {name: getattr(args, name) for name in PASSED_THROUGH}
-    return engine.TrainConfig(**knobs, **ALGOS[algo], threads=threads, seed=seed,
-                              epochs=1_000_000, time_budget=args.time_budget)
+    knobs.update(sweep_variant(algo), lr=args.lr if lr is None else lr)
+    return engine.TrainConfig(**knobs, threads=threads, seed=seed, epochs=1_000_000,
+                              time_budget=args.time_budget, eval_every=args.eval_every)
 
 
-def run_one(model, data, cfg: engine.TrainConfig, target: float, simulation=None) -> dict:
-    """One run's figures: throughput, staleness, accuracy over time, time to
+def run_one(model, data, cfg: engine.TrainConfig, targets: list[float],
+            simulation=None) -> dict:
+    """One run's figures: throughput, staleness, accuracy over time (at
+    epoch ends, and every eval_every updates in `evals`), time to each
     target. simulation: (step_time, cores) to simulate instead of running."""
     if simulation is None:
         result = engine.train(model, data, cfg)
@@ -153,25 +218,44 @@ def run_one(model, data, cfg: engine.TrainConfig, target: float, simulation=None
         step_time, cores = simulation
         result = sim.simulate(model, data, cfg, step_time, cores=cores)
     doc = metrics.results_document({}, result, model.num_params)
-    curve = [[e["wall_s"], e["test_accuracy"]] for e in doc["epochs"]]
-    return {
+    run = {
+        "lr": cfg.lr,
+        "seed": cfg.seed,
         "samples_per_s": doc["samples_per_s"],
         "staleness_mean": doc["staleness"]["mean"],
         "staleness_max": doc["staleness"]["max"],
         "staleness_hist": doc["staleness"]["hist"],
         "acceptance_rate": doc["acceptance_rate"],
-        "time_to_target_s": time_to_target(curve, target),
         "final_accuracy": doc["final_test_accuracy"],
-        "curve": curve,
+        "status": str(doc["status"]),
+        "eval_time_s": doc["eval_time_s"],
+        "curve": [[e["wall_s"], e["test_accuracy"]] for e in doc["epochs"]],
+        "evals": doc["evals"],  # [training s, applied, accuracy]
     }
+    score(run, targets)
+    return run
+
+
+def accuracy_points(run: dict) -> list[list[float]]:
+    """[seconds, accuracy] of every evaluation of a run: its evals when it
+    has them (they include the epoch ends), else its epoch ends."""
+    if run.get("evals"):
+        return [[t, acc] for t, _, acc in run["evals"]]
+    return run["curve"]
+
+
+def score(run: dict, targets: list[float]) -> None:
+    """Set run["time_to_target_s"]: {target: seconds or None}."""
+    points = accuracy_points(run)
+    run["time_to_target_s"] = {key(t): time_to_target(points, t) for t in targets}
 
 
 def time_to_target(curve: list[list[float]], target: float) -> float | None:
     """Training seconds until the test accuracy first reaches `target`.
-    curve: [seconds, accuracy] at each epoch end. The crossing is
-    interpolated linearly between the two evaluations around it (accuracy
-    is measured only at epoch ends, seconds apart); it is the first
-    evaluation itself when that one already reaches the target. None: never."""
+    curve: [seconds, accuracy] at each evaluation (epoch ends, or every
+    --eval-every updates). The crossing is interpolated linearly between the
+    two evaluations around it; it is the first evaluation itself when that
+    one already reaches the target. None: never."""
     before = None
     for t, acc in curve:
         if acc is None or not math.isfinite(acc):  # a diverged run
@@ -186,45 +270,65 @@ def time_to_target(curve: list[list[float]], target: float) -> float | None:
     return None
 
 
-def summarise(runs: list[dict]) -> dict:
-    """Median/min/max throughput, mean staleness, time to target over seeds."""
+def summarise(runs: list[dict], targets: list[float]) -> dict:
+    """Median/min/max throughput, mean staleness, time to each target (mean
+    and std over the seeds, None unless every seed reached it) over seeds."""
     rates = [r["samples_per_s"] for r in runs]
-    times = [r["time_to_target_s"] for r in runs if r["time_to_target_s"] is not None]
+    ttt, reached = {}, {}
+    for t in targets:
+        times = [r["time_to_target_s"][key(t)] for r in runs
+                 if r["time_to_target_s"][key(t)] is not None]
+        ttt[key(t)] = ([statistics.mean(times), statistics.pstdev(times)]
+                       if len(times) == len(runs) else None)
+        reached[key(t)] = len(times)
     return {
         "samples_per_s": [statistics.median(rates), min(rates), max(rates)],
         "staleness_mean": statistics.mean(r["staleness_mean"] for r in runs),
         "staleness_max": max(r["staleness_max"] for r in runs),
         "acceptance_rate": statistics.mean(r["acceptance_rate"] for r in runs),
-        "time_to_target_s": ([statistics.mean(times), statistics.pstdev(times)]
-                             if len(times) == len(runs) else None),
-        "reached": len(times),
-        "final_accuracy": statistics.mean(r["final_accuracy"] for r in runs),
+        "time_to_target_s": ttt,
+        "reached": reached,
+        "final_accuracy": statistics.mean(r["final_accuracy"] or 0.0 for r in runs),
+        "diverged": sum(r.get("status") == "diverged" for r in runs),
+        "seeds": len(runs),
     }
 
 
 def table(summary: dict, args: argparse.Namespace) -> str:
-    """Markdown table: one row per (algorithm, threads)."""
+    """Markdown tables, one per (learning rate, target): a row per
+    (algorithm, threads). summary: {lr: {algo: {n: summarise(...)}}}. With
+    one lr and one target, one table without a heading."""
     digits = 1 if args.time_budget >= 10 else 3  # simulated budgets are about a second
-    lines = ["| algorithm | n | samples/s median (min-max) | mean tau | max tau | accepted | "
-             f"time to {100 * args.target_accuracy:.0f}% (s) | vs async | acc at budget |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for algo, by_n in summary.items():
-        for n, s in by_n.items():
-            med, lo, hi = s["samples_per_s"]
-            ttt = s["time_to_target_s"]
-            ttt_text = f"{ttt[0]:.{digits}f} ± {ttt[1]:.{digits}f}" if ttt else \
-                f"not reached ({s['reached']}/{args.seeds})"
-            base = summary.get("async", {}).get(n, {}).get("time_to_target_s")
-            ratio = f"{ttt[0] / base[0]:.2f}" if ttt and base else "-"
-            lines.append(f"| {algo} | {n} | {med:,.0f} ({lo:,.0f}-{hi:,.0f}) | "
-                         f"{s['staleness_mean']:.2f} | {s['staleness_max']} | "
-                         f"{100 * s['acceptance_rate']:.0f}% | {ttt_text} | {ratio} | "
-                         f"{100 * s['final_accuracy']:.1f}% |")
-    return "\n".join(lines)
+    blocks = []
+    for lr, by_algo in summary.items():
+        for target in args.targets:
+            t = key(target)
+            lines = []
+            if len(summary) > 1 or len(args.targets) > 1:
+                lines += [f"**lr {lr}, time to {100 * target:.0f}%**", ""]
+            lines += ["| algorithm | n | samples/s median (min-max) | mean tau | max tau | "
+                      f"accepted | time to {100 * target:.0f}% (s) | vs async | acc at budget |",
+                      "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            for algo, by_n in by_algo.items():
+                for n, s in by_n.items():
+                    med, lo, hi = s["samples_per_s"]
+                    ttt = s["time_to_target_s"][t]
+                    ttt_text = f"{ttt[0]:.{digits}f} ± {ttt[1]:.{digits}f}" if ttt else \
+                        f"not reached ({s['reached'][t]}/{s['seeds']})"
+                    base = by_algo.get("async", {}).get(n, {}).get("time_to_target_s", {})
+                    base = base.get(t) if base else None
+                    ratio = f"{ttt[0] / base[0]:.2f}" if ttt and base else "-"
+                    diverged = f" ({s['diverged']} diverged)" if s.get("diverged") else ""
+                    lines.append(f"| {algo} | {n} | {med:,.0f} ({lo:,.0f}-{hi:,.0f}) | "
+                                 f"{s['staleness_mean']:.2f} | {s['staleness_max']} | "
+                                 f"{100 * s['acceptance_rate']:.0f}% | {ttt_text} | {ratio} | "
+                                 f"{100 * s['final_accuracy']:.1f}%{diverged} |")
+            blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
 
 
 def plot(summary: dict, runs: dict, args: argparse.Namespace, out: Path) -> list[Path]:
-    """The four PNG figures; returns their paths."""
+    """The PNG figures (a time-to-target figure per target); returns their paths."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no screen
@@ -232,6 +336,17 @@ def plot(summary: dict, runs: dict, args: argparse.Namespace, out: Path) -> list
 
     paths = []
     largest = max(args.threads)
+    ticks = sorted({n for by_algo in summary.values() for by_n in by_algo.values()
+                    for n in by_n} | set(args.threads))
+    several = len(summary) > 1
+    algos = list(dict.fromkeys(a for by_algo in summary.values() for a in by_algo))
+    styles = ["-", "--", ":", "-."]
+    # one line per (lr, algorithm): colour by algorithm, line style by lr
+    groups = [(lr, algo, by_n, dict(color=f"C{algos.index(algo) % 10}",
+                                    ls=styles[i % len(styles)],
+                                    label=f"{algo} lr {lr}" if several else algo))
+              for i, (lr, by_algo) in enumerate(summary.items())
+              for algo, by_n in by_algo.items()]
 
     def save(fig, name: str) -> None:
         if args.simulate:
@@ -243,47 +358,51 @@ def plot(summary: dict, runs: dict, args: argparse.Namespace, out: Path) -> list
         paths.append(path)
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for algo, by_n in summary.items():
+    for _, _, by_n, style in groups:
         ns = sorted(by_n)
-        ax.plot(ns, [by_n[n]["samples_per_s"][0] for n in ns], marker="o", label=algo)
-    ax.set(xlabel="threads", ylabel="applied samples/s (median)", xscale="log", xticks=args.threads,
-           xticklabels=args.threads, title="Throughput")
+        ax.plot(ns, [by_n[n]["samples_per_s"][0] for n in ns], marker="o", **style)
+    ax.set(xlabel="threads", ylabel="applied samples/s (median)", xscale="log", xticks=ticks,
+           xticklabels=ticks, title="Throughput")
     ax.legend(fontsize=7)
     save(fig, "throughput")
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for algo, by_n in summary.items():
-        ns = [n for n in sorted(by_n) if by_n[n]["time_to_target_s"]]
-        ax.errorbar(ns, [by_n[n]["time_to_target_s"][0] for n in ns],
-                    yerr=[by_n[n]["time_to_target_s"][1] for n in ns], marker="o", label=algo,
-                    capsize=3)
-    ax.set(xlabel="threads", ylabel="seconds", xscale="log", xticks=args.threads,
-           xticklabels=args.threads,
-           title=f"Time to {100 * args.target_accuracy:.0f}% test accuracy (mean ± std)")
-    ax.legend(fontsize=7)
-    save(fig, "time-to-target")
+    for target in args.targets:
+        t = key(target)
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for _, _, by_n, style in groups:
+            ns = [n for n in sorted(by_n) if by_n[n]["time_to_target_s"][t]]
+            ax.errorbar(ns, [by_n[n]["time_to_target_s"][t][0] for n in ns],
+                        yerr=[by_n[n]["time_to_target_s"][t][1] for n in ns], marker="o",
+                        capsize=3, **style)
+        ax.set(xlabel="threads", ylabel="seconds", xscale="log", xticks=ticks,
+               xticklabels=ticks,
+               title=f"Time to {100 * target:.0f}% test accuracy (mean ± std)")
+        ax.legend(fontsize=7)
+        save(fig, "time-to-target" if len(args.targets) == 1
+             else f"time-to-target-{100 * target:.0f}")
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for algo in summary:
-        for i, run in enumerate(runs[algo].get(largest, [])):
-            t, acc = zip(*run["curve"], strict=True) if run["curve"] else ((), ())
-            ax.plot(t, acc, color=f"C{list(summary).index(algo)}", alpha=0.8,
-                    label=algo if i == 0 else None)
-    ax.axhline(args.target_accuracy, color="grey", lw=0.8, ls="--")
+    for lr, algo, _, style in groups:
+        for i, run in enumerate(runs_of(runs, algo, largest, float(lr))):
+            points = accuracy_points(run)
+            t, acc = zip(*points, strict=True) if points else ((), ())
+            ax.plot(t, acc, alpha=0.8, **{**style, "label": style["label"] if i == 0 else None})
+    for target in args.targets:
+        ax.axhline(target, color="grey", lw=0.8, ls="--")
     ax.set(xlabel="training seconds", ylabel="test accuracy",
            title=f"Test accuracy over time, {largest} threads")
     ax.legend(fontsize=7)
     save(fig, "accuracy")
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for algo in summary:
+    for lr, algo, _, style in groups:
         hist = [0]
-        for run in runs[algo].get(largest, []):
+        for run in runs_of(runs, algo, largest, float(lr)):
             h = run["staleness_hist"]
             hist = [a + b for a, b in zip(hist + [0] * (len(h) - len(hist)),
                                           h + [0] * (len(hist) - len(h)), strict=True)]
         total = sum(hist) or 1
-        ax.plot(range(len(hist)), [c / total for c in hist], drawstyle="steps-mid", label=algo)
+        ax.plot(range(len(hist)), [c / total for c in hist], drawstyle="steps-mid", **style)
     ax.set(xlabel="staleness tau", ylabel="share of applied updates", yscale="log",
            title=f"Staleness distribution, {largest} threads")
     ax.legend(fontsize=7)
@@ -291,10 +410,16 @@ def plot(summary: dict, runs: dict, args: argparse.Namespace, out: Path) -> list
     return paths
 
 
+def threads_of(algo: str, args: argparse.Namespace) -> list[int]:
+    """The thread counts an algorithm runs at: sequential at 1 alone
+    (whatever --threads says), the others at every one of --threads."""
+    return [1] if algo == "sequential" else list(args.threads)
+
+
 def run_sweep(args: argparse.Namespace, out: Path) -> tuple[dict, float]:
-    """Every (algorithm, threads, seed) run, one at a time, each saved in
-    <out>.partial.json as it finishes. Returns the runs by algorithm and
-    thread count, and the seconds the sweep took."""
+    """Every (learning rate, algorithm, threads, seed) run, one at a time,
+    each saved in <out>.partial.json as it finishes. Returns the runs by
+    algorithm and thread count, and the seconds the sweep took."""
     if args.quick:
         data = datasets.synthetic(seed=0, n_train=2000, n_test=300)
     else:
@@ -309,64 +434,72 @@ def run_sweep(args: argparse.Namespace, out: Path) -> tuple[dict, float]:
               f"{cores}")
     partial = out.with_suffix(".partial.json")
     runs, seconds_before = finished_runs(partial, args) if args.resume else ({}, 0.0)
-    combos = [(a, n) for a in args.algos for n in args.threads
-              if not (a == "sequential" and n != 1)]
-    todo = sum(args.seeds - len(runs.get(a, {}).get(n, [])) for a, n in combos)
+    combos = [(lr, a, n) for lr in args.lrs for a in args.algos for n in threads_of(a, args)]
+    todo = sum(max(args.seeds - len(runs_of(runs, a, n, lr)), 0) for lr, a, n in combos)
     if args.simulate:
         print(f"{todo} runs of {args.time_budget:g} simulated s of training each", flush=True)
     else:
         print(f"{todo} runs of {args.time_budget:g} s of training each: "
               f"{todo * args.time_budget / 60:.0f} min plus evaluation", flush=True)
     t_start = time.perf_counter()
-    for i, (algo, n) in enumerate(combos, start=1):
-        for seed in range(len(runs.get(algo, {}).get(n, [])), args.seeds):
-            print(f"[{i}/{len(combos)}] {algo} n={n} seed={seed} ...", end=" ", flush=True)
-            run = run_one(model, data, config_for(args, algo, n, seed), args.target_accuracy,
+    for i, (lr, algo, n) in enumerate(combos, start=1):
+        for seed in range(len(runs_of(runs, algo, n, lr)), args.seeds):
+            lr_text = f" lr={lr:g}" if len(args.lrs) > 1 else ""
+            print(f"[{i}/{len(combos)}] {algo} n={n}{lr_text} seed={seed} ...", end=" ",
+                  flush=True)
+            run = run_one(model, data, config_for(args, algo, n, seed, lr), args.targets,
                           simulation)
             runs.setdefault(algo, {}).setdefault(n, []).append(run)
             # after every run, so an interrupted sweep loses at most one run
             metrics.write_json_atomic(partial, {
                 "options": sweep_options(args), "runs": runs,
                 "seconds": seconds_before + time.perf_counter() - t_start})
-            print(f"{run['samples_per_s']:,.0f} samples/s, acc {100 * run['final_accuracy']:.1f}%",
-                  flush=True)
+            print(f"{run['samples_per_s']:,.0f} samples/s, "
+                  f"acc {100 * (run['final_accuracy'] or 0):.1f}%", flush=True)
     return runs, seconds_before + time.perf_counter() - t_start
 
 
 def rescored_runs(args: argparse.Namespace) -> tuple[argparse.Namespace, dict, dict]:
-    """--from-results: the runs of a finished sweep, their time to target
-    recomputed from their accuracy curves for this --target-accuracy. Returns
-    the sweep's options (with this target, name and output folder), its runs
+    """--from-results: the runs of a finished sweep (older files too), to be
+    scored for these --targets (default: the sweep's own). Returns the
+    sweep's options (with the targets, name and output folder), its runs
     and the saved document."""
     path = Path(args.from_results)
     try:
         saved = json.loads(path.read_text())
-        options, runs = saved["options"], saved["runs"]
-    except (OSError, ValueError, KeyError) as e:
+        options, runs = upgraded(saved["options"]), saved["runs"]
+    except (OSError, ValueError, KeyError, AttributeError, TypeError) as e:
         print(f"scaling.py: --from-results {path}: not a sweep results file ({e})",
               file=sys.stderr)
         raise SystemExit(2) from None
-    keep = {"target_accuracy": args.target_accuracy, "out_dir": args.out_dir,
+    keep = {"targets": args.targets or options["targets"], "out_dir": args.out_dir,
             "name": args.name or path.stem}
     args = argparse.Namespace(**{**options, **keep, "from_results": str(path)})
-    runs = runs_by_threads(runs)
-    for by_n in runs.values():
-        for rs in by_n.values():
-            for run in rs:
-                run["time_to_target_s"] = time_to_target(run["curve"], args.target_accuracy)
-    return args, runs, saved
+    return args, runs_by_threads(runs, options), saved
 
 
 def write_report(args: argparse.Namespace, runs: dict, out: Path, facts: dict) -> dict:
-    """Print the table; write <out>.json, <out>.md and the plots. facts:
-    machine, date and sweep_seconds of the sweep. Returns the JSON document."""
-    summary = {a: {n: summarise(rs) for n, rs in by_n.items()} for a, by_n in runs.items()}
+    """Score every run for args.targets; print the tables; write <out>.json,
+    <out>.md and the plots. facts: machine, date and sweep_seconds of the
+    sweep. Returns the JSON document."""
+    for by_n in runs.values():
+        for rs in by_n.values():
+            for run in rs:
+                score(run, args.targets)
+    summary = {key(lr): {a: {n: summarise(runs_of(runs, a, n, lr), args.targets)
+                             for n in by_n if runs_of(runs, a, n, lr)}
+                         for a, by_n in runs.items()}
+               for lr in args.lrs}
+    summary = {lr: {a: by_n for a, by_n in by_algo.items() if by_n}
+               for lr, by_algo in summary.items()}
     text = table(summary, args)
     if args.simulate:
         text = "SIMULATED (iasgd.sim): times and throughput are simulated\n\n" + text
     print(text)
     document = {"options": dict(vars(args)), "simulated": bool(args.simulate), **facts,
-                "summary": {a: {str(n): s for n, s in by_n.items()} for a, by_n in summary.items()},
+                "summary": {lr: {a: {str(n): s for n, s in by_n.items()}
+                                 for a, by_n in by_algo.items()}
+                            for lr, by_algo in summary.items()},
                 "runs": {a: {str(n): rs for n, rs in by_n.items()} for a, by_n in runs.items()}}
     metrics.write_json_atomic(out.with_suffix(".json"), document)
     out.with_suffix(".md").write_text(text + "\n")

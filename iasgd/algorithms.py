@@ -79,6 +79,16 @@ VARIANTS: dict[str, dict[str, str]] = {
 }
 
 
+def sweep_variant(name: str) -> dict | None:
+    """The TrainConfig fields of a sweep name: a VARIANTS name, or
+    `interval-y<Y>` (algo interval with a fixed y = Y). None: unknown."""
+    if name in VARIANTS:
+        return VARIANTS[name]
+    if name.startswith("interval-y") and name[len("interval-y"):].isdigit():
+        return {"algo": "interval", "interval": int(name[len("interval-y"):])}
+    return None
+
+
 def staleness_bound(algo: str, state: np.ndarray) -> int | None:
     """The largest staleness a run of `algo` allowed (None: unbounded). With
     a schedule of y each interval's bound is its own y - 1, so the run's is

@@ -44,6 +44,9 @@ class TrainConfig:
     epochs: int = 3
     time_budget: float | None = None  # seconds of training, evaluation excluded
     seed: int = 0
+    # evaluate the test accuracy every this many applied updates (0: at epoch
+    # ends only), outside the training clock; into RunResult.evals
+    eval_every: int = 0
     algo: str = "sequential"  # a name in iasgd.algorithms.ALGORITHMS
     threads: int = 1
     interval: int = 16  # y of a fixed interval size, and y0 of a schedule by default
@@ -90,6 +93,8 @@ class TrainConfig:
                      "window"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{{{name}}} must be >= 1, got {getattr(self, name)}")
+        if self.eval_every < 0:
+            raise ConfigError(f"{{eval_every}} must be >= 0, got {self.eval_every}")
         for name in ("interval", "y0"):
             if (getattr(self, name) or 0) > G.MAX_Y:
                 raise ConfigError(f"{{{name}}} must be <= {G.MAX_Y}, got {getattr(self, name)}")
@@ -131,6 +136,15 @@ class TrainConfig:
 
 
 FIELDS = tuple(f.name for f in fields(TrainConfig))
+
+
+def eval_points(done: int, end: int, every: int) -> list[int]:
+    """Where a stretch of updates from `done` to `end` (applied since the
+    start of the run) stops: each multiple of `every` strictly between the
+    two, then `end`. every 0: only `end`."""
+    if every <= 0:
+        return [end]
+    return [*range((done // every + 1) * every, end, every), end]
 
 
 def steps_per_epoch(n_train: int, batch_size: int) -> int:

@@ -17,7 +17,7 @@ import numpy as np
 from iasgd import kernels as K
 from iasgd import metrics
 from iasgd.algorithms import ALGORITHMS
-from iasgd.config import ConfigError, TrainConfig, steps_per_epoch
+from iasgd.config import ConfigError, TrainConfig, eval_points, steps_per_epoch
 from iasgd.data import Dataset
 from iasgd.models import Model
 from iasgd.results import (
@@ -28,6 +28,7 @@ from iasgd.results import (
     RunResult,
     Snapshot,
     Status,
+    record_eval,
     restore_result,
     result_meta,
     test_accuracy,
@@ -101,7 +102,9 @@ class _SequentialRun:
                 self.step, self.epoch_time = 0, 0.0
             hooks.on_epoch_start(self.epoch, n_train)
             while self.step < self.steps:
-                count = min(chunk, self.steps - self.step)
+                # a chunk ends at the next eval_every boundary (applied since the start)
+                count = min(chunk, eval_points(r.applied + self.step, r.applied + self.steps,
+                                               cfg.eval_every)[0] - r.applied - self.step)
                 t0 = time.perf_counter()
                 steps = K.Steps(self.order, self.step, count, cfg.batch_size, cfg.lr,
                                 cfg.momentum)
@@ -119,6 +122,11 @@ class _SequentialRun:
                 if cfg.over_budget(r.train_time_s + self.epoch_time):
                     r.status = Status.TIME_BUDGET
                     break
+                if (cfg.eval_every and self.step < self.steps
+                        and (r.applied + self.step) % cfg.eval_every == 0):
+                    record_eval(r, self.model, self.data, r.params,  # before a stop: a resume
+                                seconds=r.train_time_s + self.epoch_time,  # goes on after it
+                                applied=r.applied + self.step)
                 reason = hooks.should_stop()
                 if reason:
                     r.status = reason
@@ -154,6 +162,9 @@ class _SequentialRun:
             staleness_hist=[step],
         )
         r.epochs.append(record)
+        if cfg.eval_every:
+            record_eval(r, self.model, self.data, r.params, seconds=r.train_time_s,
+                        applied=r.applied, accuracy=record.test_accuracy)
         hooks.on_epoch_end(record)
 
 

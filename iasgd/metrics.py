@@ -87,6 +87,7 @@ def results_document(config: dict[str, Any], result: Any, num_params: int) -> di
         "interval_trace": result.interval_trace,
         "threads_trace": result.threads_trace,
         "probe_log": result.probe_log,
+        "evals": result.evals,
         "final_test_accuracy": accuracies[-1] if accuracies else None,
         "best_test_accuracy": max(accuracies) if accuracies else None,
         "machine": machine_info(),

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from iasgd import metrics
-from iasgd.algorithms import ALGORITHMS, VARIANTS
+from iasgd.algorithms import ALGORITHMS, VARIANTS, sweep_variant
 
 EXIT_USAGE = 2
 INSTALL_HINT = "pip install 'iasgd[plot]'"
@@ -130,7 +130,7 @@ def sweep_runs(doc: dict[str, Any], source: str, pick: list[str]) -> list[Run]:
         saved = runs[algo][threads][seed]
         config = {k: options.get(k) for k in ("dataset", "batch_size", "lr", "momentum",
                                               "interval", "gate", "y0", "time_budget")}
-        config.update(SWEEP_ALGOS.get(algo, {"algo": algo}), threads=int(threads), seed=seed,
+        config.update(sweep_variant(algo) or {"algo": algo}, threads=int(threads), seed=seed,
                       model="lenet")
         bound, known = _sweep_bound(config)
         curve = saved["curve"]

@@ -69,6 +69,9 @@ class RunResult:
     interval_trace: list[list[float]] = field(default_factory=list)
     threads_trace: list[list[float]] = field(default_factory=list)  # [t_s, applied, m]
     probe_log: list[dict] = field(default_factory=list)
+    # [train_time_s, applied, test_accuracy] every eval_every applied updates
+    # and at each epoch end (TrainConfig.eval_every > 0 only)
+    evals: list[list[float]] = field(default_factory=list)
 
 
 @dataclass
@@ -125,6 +128,16 @@ def test_accuracy(model, params: np.ndarray, data, result: RunResult) -> float:
     predictions = model.predict_images(params, data.x_test)
     result.eval_time_s += time.perf_counter() - t0
     return metrics.accuracy(predictions, data.y_test)
+
+
+def record_eval(result: RunResult, model, data, params: np.ndarray, *, seconds: float,
+                applied: int, accuracy: float | None = None) -> float:
+    """Append [seconds, applied, test accuracy] to result.evals; evaluates
+    unless `accuracy` is given (an epoch end's, already measured)."""
+    if accuracy is None:
+        accuracy = test_accuracy(model, params, data, result)
+    result.evals.append([seconds, applied, accuracy])
+    return accuracy
 
 
 def record_epoch(result: RunResult, model, data, params: np.ndarray, *, epoch: int,

@@ -148,6 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--time-budget", type=_positive_float, default=None, metavar="SECONDS",
                    help="stop after this much training time (evaluation excluded)")
     g.add_argument("--seed", type=_int, default=0, help="seed of initialisation and shuffling")
+    g.add_argument("--eval-every", type=_nonneg_int, default=0, metavar="N",
+                   help="also measure the test accuracy every N applied updates, outside the "
+                        "training clock, into the results' evals (0: at epoch ends only)")
     g = p.add_argument_group("adaptive strategies (defaults: the paper's artifact)")
     g.add_argument("--interval-schedule", choices=schedules.INTERVAL_SCHEDULES, default="fixed",
                    help="how y moves while training (algo interval)")
@@ -242,6 +245,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.simulate and args.algo not in sim.SIMULATED_ALGOS:
         raise UsageError(f"--simulate covers --algo {', '.join(sim.SIMULATED_ALGOS)}; "
                          f"--algo {args.algo} runs one thread, so run it for real")
+    if args.simulate and args.eval_every:
+        raise UsageError("--eval-every is not simulated (simulated runs evaluate at epoch "
+                         "ends, which cost no simulated time); drop --eval-every")
     if args.simulate and args.resume:
         raise UsageError("--simulate runs are not checkpointed, so there is nothing to "
                          "--resume; drop one of the two")

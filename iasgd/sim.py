@@ -37,7 +37,7 @@ from iasgd import gate as G
 from iasgd import kernels as K
 from iasgd import workers as W
 from iasgd.algorithms import ALGORITHMS, POLICIES
-from iasgd.config import TrainConfig, steps_per_epoch
+from iasgd.config import ConfigError, TrainConfig, steps_per_epoch
 from iasgd.data import Dataset
 from iasgd.models import Model
 from iasgd.results import HIST_BINS, RunResult, Status, record_epoch, summarize
@@ -275,6 +275,9 @@ def simulate(model: Model, data: Dataset, cfg: TrainConfig,
 
     cfg.check()
     check_data(model, data, cfg)
+    if cfg.eval_every:
+        raise ConfigError("{eval_every} is not simulated: simulated runs evaluate at epoch ends "
+                          "(at no simulated cost); set {eval_every} 0")
     if cfg.algo not in SIMULATED_ALGOS:
         raise ValueError(f"the simulator covers --algo {', '.join(SIMULATED_ALGOS)}, "
                          f"not {cfg.algo}")

@@ -25,7 +25,7 @@ from iasgd import gate as G
 from iasgd import kernels as K
 from iasgd import workers as W
 from iasgd.algorithms import ALGORITHMS, POLICIES
-from iasgd.config import TrainConfig, steps_per_epoch
+from iasgd.config import TrainConfig, eval_points, steps_per_epoch
 from iasgd.data import Dataset
 from iasgd.models import Model
 from iasgd.results import (
@@ -36,6 +36,7 @@ from iasgd.results import (
     Snapshot,
     Status,
     record_epoch,
+    record_eval,
     restore_result,
     result_meta,
     summarize,
@@ -259,17 +260,19 @@ class ThreadedRun:
         while self.epoch <= cfg.epochs:
             start = (self.epoch - 1) * self.quota  # applied updates before this epoch
             hooks.on_epoch_start(self.epoch, self.quota * cfg.batch_size)
-            t0 = time.perf_counter() - self.epoch_time
+            # the epoch's start on the training clock; each evaluation inside
+            # the epoch moves it on by its own duration
+            clock = [time.perf_counter() - self.epoch_time]
             reason: list[str] = []
 
-            def tick(t0: float = t0, start: int = start, reason: list = reason) -> bool:
+            def tick(clock: list = clock, start: int = start, reason: list = reason) -> bool:
                 # a stop first: with many threads per core this thread may
                 # get a core only every few hundred ms
                 why = hooks.should_stop()
                 if why:
                     reason.append(why)
                     return True
-                elapsed = time.perf_counter() - t0
+                elapsed = time.perf_counter() - clock[0]
                 if not K.all_finite(team.params):  # a loss can stay finite on dead units
                     G.mark_diverged(team.state)
                 team.steer(control, r.train_time_s + elapsed)
@@ -282,11 +285,23 @@ class ThreadedRun:
 
             team.steer(control, r.train_time_s)
             if cfg.time_budget is not None:  # the workers stop themselves on time
-                spent = r.train_time_s + time.perf_counter() - t0
+                spent = r.train_time_s + time.perf_counter() - clock[0]
                 team.state[G.DEADLINE] = time.monotonic_ns() + int(
                     (cfg.time_budget - spent) * 1e9)
-            team.run_until(self.epoch * self.quota, tick)
-            self.epoch_time = time.perf_counter() - t0
+            end = self.epoch * self.quota
+            for limit in eval_points(int(team.state[G.DONE]), end, cfg.eval_every):
+                team.run_until(limit, tick)
+                if limit == end:
+                    break
+                # a boundary reached is evaluated even if a stop came with it (a
+                # resume goes on after it), but not when the budget ran out there:
+                # the cut epoch's record is that evaluation
+                reached = (int(team.state[G.DONE]) == limit and not team.state[G.EXPIRED]
+                           and Status.TIME_BUDGET not in reason)
+                if (reached and not self._evaluate_inside_epoch(clock)) or reason \
+                        or G.stopped(team.state):
+                    break
+            self.epoch_time = time.perf_counter() - clock[0]
             if team.state[G.EXPIRED] and not reason:
                 reason.append(Status.TIME_BUDGET)
             if not K.all_finite(team.params):
@@ -316,6 +331,24 @@ class ThreadedRun:
         self._finish()
         return r
 
+    def _evaluate_inside_epoch(self, clock: list[float]) -> bool:
+        """At an eval_every boundary, with every allowed update written and
+        the workers asleep: append the test accuracy to result.evals and move
+        the training clock (clock[0], the epoch's start) and the workers'
+        deadline on by the time it took. False if the parameters diverged."""
+        team, r = self.team, self.result
+        t = time.perf_counter()
+        if not K.all_finite(team.params):
+            G.mark_diverged(team.state)
+            return False
+        record_eval(r, self.model, self.data, team.params,
+                    seconds=r.train_time_s + t - clock[0], applied=int(team.state[G.DONE]))
+        spent = time.perf_counter() - t
+        clock[0] += spent
+        if self.cfg.time_budget is not None:
+            team.state[G.DEADLINE] += int(spent * 1e9)
+        return True
+
     def _record_epoch(self, hooks: Hooks, applied: int) -> None:
         r, team = self.result, self.team
         r.train_time_s += self.epoch_time
@@ -325,6 +358,9 @@ class ThreadedRun:
                               applied=applied, quota=self.quota,
                               batch_size=self.cfg.batch_size, seconds=self.epoch_time,
                               loss_sum=loss_sum, hist=hist, end_s=r.train_time_s)
+        if self.cfg.eval_every:
+            record_eval(r, self.model, self.data, team.params, seconds=r.train_time_s,
+                        applied=int(team.state[G.DONE]), accuracy=record.test_accuracy)
         hooks.on_epoch_end(record)
 
     def _finish(self) -> None:

@@ -12,6 +12,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 import scaling
 
+RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
+
 
 def test_quick_sweep_writes_table_json_and_plots(tmp_path, capsys):
     doc = scaling.main(["--quick", "--threads", "1,2", "--algos", "sequential,interval,elastic",
@@ -22,10 +24,12 @@ def test_quick_sweep_writes_table_json_and_plots(tmp_path, capsys):
     for png in tmp_path.glob("*.png"):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads((tmp_path / "smoke.json").read_text()) == doc
-    assert set(doc["summary"]) == {"sequential", "interval", "elastic"}
-    assert set(doc["summary"]["interval"]) == {"1", "2"}
-    assert set(doc["summary"]["sequential"]) == {"1"}  # sequential runs one thread only
-    row = doc["summary"]["interval"]["2"]
+    assert set(doc["summary"]) == {"0.02"}  # --quick runs lr 0.02 alone
+    summary = doc["summary"]["0.02"]
+    assert set(summary) == {"sequential", "interval", "elastic"}
+    assert set(summary["interval"]) == {"1", "2"}
+    assert set(summary["sequential"]) == {"1"}  # sequential runs one thread only
+    row = summary["interval"]["2"]
     assert row["samples_per_s"][0] > 0 and 0 <= row["acceptance_rate"] <= 1
     table = (tmp_path / "smoke.md").read_text()
     assert table.count("\n") == 2 + 5  # header, rule, five (algorithm, n) rows
@@ -38,9 +42,9 @@ def test_quick_simulated_sweep_says_so(tmp_path):
                         "--out-dir", str(tmp_path)])
     assert doc["simulated"] is True
     # one thread has nothing to simulate
-    assert set(doc["summary"]) == {"hogwild", "interval-decay", "sync"}
+    assert set(doc["summary"]["0.02"]) == {"hogwild", "interval-decay", "sync"}
     assert (tmp_path / "sim.md").read_text().startswith("SIMULATED")
-    hogwild = doc["summary"]["hogwild"]
+    hogwild = doc["summary"]["0.02"]["hogwild"]
     assert hogwild["32"]["staleness_mean"] > hogwild["4"]["staleness_mean"]
 
 
@@ -96,9 +100,11 @@ def test_from_results_rescores_a_finished_sweep_for_another_target(tmp_path):
     target = curve[-1][1]  # surely reached, by the last epoch at the latest
     again = scaling.main(["--from-results", str(tmp_path / "done.json"), "--target-accuracy",
                           str(target), "--out-dir", str(tmp_path / "again")])
-    assert again["options"]["threads"] == [2] and again["options"]["target_accuracy"] == target
+    assert again["options"]["threads"] == [2] and again["options"]["targets"] == [target]
     run = again["runs"]["hogwild"]["2"][0]
-    assert run["time_to_target_s"] == scaling.time_to_target(curve, target) is not None
+    assert run["time_to_target_s"] == {
+        scaling.key(target): scaling.time_to_target(curve, target)}
+    assert scaling.time_to_target(curve, target) is not None
     assert again["machine"] == doc["machine"] and again["sweep_seconds"] == doc["sweep_seconds"]
     assert (tmp_path / "again" / "done-accuracy.png").exists()
     assert f"time to {100 * target:.0f}%" in (tmp_path / "again" / "done.md").read_text()
@@ -124,3 +130,83 @@ def test_a_bad_model_is_one_line_and_exit_2(capsys):
         scaling.main(["--quick", "--model", "conv4k3s,pool,pool,pool,pool,pool,pool,dense"])
     assert info.value.code == 2
     assert "too small for a 2x2 pool" in capsys.readouterr().err
+
+
+def test_targets_lrs_and_eval_every_give_a_table_and_plot_each(tmp_path):
+    doc = scaling.main(["--quick", "--threads", "2", "--algos", "sequential,hogwild,interval-y4",
+                        "--seeds", "1", "--lrs", "0.01,0.02", "--targets", "0.5,0.9",
+                        "--eval-every", "25", "--name", "grid", "--out-dir", str(tmp_path)])
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == ["grid-accuracy.png", "grid-staleness.png", "grid-throughput.png",
+                     "grid-time-to-target-50.png", "grid-time-to-target-90.png", "grid.json",
+                     "grid.md"]
+    assert doc["options"]["lrs"] == [0.01, 0.02] and doc["options"]["targets"] == [0.5, 0.9]
+    assert set(doc["summary"]) == {"0.01", "0.02"}
+    assert set(doc["summary"]["0.01"]) == {"sequential", "hogwild", "interval-y4"}
+    assert set(doc["runs"]["sequential"]) == {"1"}  # at one thread, though --threads is 2
+    assert doc["runs"]["sequential"]["1"][0]["evals"][0][1] == 25
+    runs = doc["runs"]["interval-y4"]["2"]
+    assert [(r["lr"], r["seed"]) for r in runs] == [(0.01, 0), (0.02, 0)]
+    for run in runs:
+        assert run["evals"] and run["evals"][0][1] == 25  # every 25 applied updates
+        assert run["eval_time_s"] > 0
+        assert set(run["time_to_target_s"]) == {"0.5", "0.9"}
+        assert run["time_to_target_s"]["0.5"] == scaling.time_to_target(
+            [[t, a] for t, _, a in run["evals"]], 0.5)
+    assert run["staleness_max"] <= 3  # interval-y4: y = 4
+    text = (tmp_path / "grid.md").read_text()
+    assert text.count("| hogwild | 2 |") == 4  # a table per (lr, target)
+    for heading in ("**lr 0.01, time to 50%**", "**lr 0.02, time to 90%**"):
+        assert heading in text
+
+
+def test_time_to_target_reads_the_evals_between_epoch_ends():
+    run = {"curve": [[4.0, 0.3], [8.0, 0.7]],
+           "evals": [[1.0, 10, 0.3], [2.0, 20, 0.6], [4.0, 30, 0.3], [8.0, 40, 0.7]]}
+    scaling.score(run, [0.5, 0.65])
+    assert run["time_to_target_s"]["0.5"] == pytest.approx(1 + 2 / 3)
+    assert run["time_to_target_s"]["0.65"] == pytest.approx(4 + 4 * 0.35 / 0.4)
+    del run["evals"]  # older runs: epoch ends only
+    scaling.score(run, [0.5])
+    assert run["time_to_target_s"]["0.5"] == pytest.approx(6.0)
+
+
+@pytest.mark.parametrize("path", sorted(RESULTS.glob("*.json")), ids=lambda p: p.stem)
+def test_committed_results_load_with_from_results(tmp_path, path):
+    saved = json.loads(path.read_text())
+    doc = scaling.main(["--from-results", str(path), "--targets", "0.5,0.55",
+                        "--out-dir", str(tmp_path)])
+    assert doc["options"]["targets"] == [0.5, 0.55]
+    lr = scaling.key(saved["options"]["lr"])
+    assert set(doc["summary"]) == {lr}
+    assert set(doc["summary"][lr]) == set(saved["summary"])
+    for algo, by_n in saved["runs"].items():
+        for n, runs in by_n.items():
+            for seed, (old, new) in enumerate(zip(runs, doc["runs"][algo][n], strict=True)):
+                assert (new["lr"], new["seed"]) == (saved["options"]["lr"], seed)
+                if saved["options"].get("target_accuracy") == 0.5:  # the same number as before
+                    assert new["time_to_target_s"]["0.5"] == old["time_to_target_s"]
+    assert (tmp_path / f"{path.stem}-time-to-target-55.png").exists()
+
+
+def test_resume_of_an_lr_sweep_runs_only_the_missing_lr(tmp_path, monkeypatch):
+    options = ["--quick", "--threads", "2", "--algos", "hogwild", "--seeds", "1",
+               "--lrs", "0.01,0.02", "--name", "lrs", "--out-dir", str(tmp_path)]
+    calls = []
+    real_run_one = scaling.run_one
+
+    def run_one_then_interrupt(*args, **kwargs):
+        if calls:
+            raise KeyboardInterrupt
+        calls.append(args[2])
+        return real_run_one(*args, **kwargs)
+
+    monkeypatch.setattr(scaling, "run_one", run_one_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        scaling.main(options)
+    monkeypatch.setattr(scaling, "run_one", lambda *a, **k: calls.append(a[2]) or real_run_one(
+        *a, **k))
+    # other targets are no other options: time to target is computed at the end
+    doc = scaling.main([*options, "--resume", "--targets", "0.6"])
+    assert [c.lr for c in calls] == [0.01, 0.02]
+    assert [r["lr"] for r in doc["runs"]["hogwild"]["2"]] == [0.01, 0.02]
