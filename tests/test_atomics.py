@@ -71,10 +71,11 @@ def test_fetch_add_loses_no_increment():
 def test_compare_and_swap_under_contention():
     arr = np.zeros(8, np.int64)
     _hammer_cas(arr, 1, 1)
-    for _attempt in range(5):  # a busy machine may not run two of them at once
+    # a busy machine may not run two of them at once: try again, longer
+    for m in (200_000, 400_000, 800_000, 1_600_000, 3_200_000, 6_400_000):
         arr[:] = 0
-        run_threads(_hammer_cas, arr, 4, 200_000)
-        assert arr[CAS_COUNT] == 4 * 200_000
+        run_threads(_hammer_cas, arr, 4, m)
+        assert arr[CAS_COUNT] == 4 * m
         if arr[CAS_RETRIES] > 0:
             break
     # the CAS loop really raced (two threads on two cores): some attempts failed
