@@ -230,6 +230,16 @@ def test_tickets_stop_at_the_limit_and_on_stop():
     assert G.wait_for_slot(state) == -1
 
 
+def run_parties(party, parties: int) -> None:
+    """party(i) on its own thread for i < parties; each must end within 30 s."""
+    threads = [threading.Thread(target=party, args=(i,)) for i in range(parties)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+        assert not t.is_alive()
+
+
 def test_barrier_releases_all_parties():
     state = G.new_state()
     parties, rounds = 3, 50
@@ -242,12 +252,7 @@ def test_barrier_releases_all_parties():
             assert G.barrier(state, parties, sense)
             passed[i] += 1
 
-    threads = [threading.Thread(target=party, args=(i,)) for i in range(parties)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-        assert not t.is_alive()
+    run_parties(party, parties)
     assert passed.tolist() == [rounds] * parties
 
 
@@ -268,10 +273,5 @@ def test_a_stop_cancels_a_sync_round_for_every_party():
             arrived.wait()
         answers[i] = G.barrier(state, parties, 1)
 
-    threads = [threading.Thread(target=party, args=(i,)) for i in range(parties)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-        assert not t.is_alive()
+    run_parties(party, parties)
     assert answers.tolist() == [0, 0, 0]
