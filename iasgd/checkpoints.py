@@ -17,7 +17,7 @@ import h5py
 import numpy as np
 
 from iasgd import metrics
-from iasgd.engine import Snapshot
+from iasgd.results import Snapshot
 
 FORMAT = "iasgd-checkpoint"
 VERSION = 2  # 2: the gate state of persistent workers (DONE, deadline, ...)

@@ -10,10 +10,15 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 from iasgd import gate as G
 from iasgd import schedules as S
 from iasgd.algorithms import ALGORITHMS, POLICIES
+
+if TYPE_CHECKING:
+    from iasgd.data import Dataset
+    from iasgd.models import Model
 
 
 class ConfigError(ValueError):
@@ -150,3 +155,16 @@ def eval_points(done: int, end: int, every: int) -> list[int]:
 def steps_per_epoch(n_train: int, batch_size: int) -> int:
     """Updates in an epoch: ceil(n_train / batch_size)."""
     return math.ceil(n_train / batch_size)
+
+
+def check_data(model: Model, data: Dataset, cfg: TrainConfig) -> None:
+    """ConfigError (one line) if the data cannot train the model as configured."""
+    if data.input_shape != model.input_shape:
+        raise ConfigError(f"{data.name} images are {data.input_shape}, the model expects "
+                          f"{model.input_shape}")
+    if int(data.y_train.max(initial=0)) >= model.num_classes:
+        raise ConfigError(f"{data.name} has labels up to {int(data.y_train.max())}, the model "
+                          f"has {model.num_classes} classes")
+    if cfg.batch_size > data.x_train.shape[0]:
+        raise ConfigError(f"{{batch_size}} {cfg.batch_size} is larger than the training set "
+                          f"({data.x_train.shape[0]:,} images)")

@@ -17,7 +17,7 @@ import numpy as np
 from iasgd import kernels as K
 from iasgd import metrics
 from iasgd.algorithms import ALGORITHMS
-from iasgd.config import ConfigError, TrainConfig, eval_points, steps_per_epoch
+from iasgd.config import ConfigError, TrainConfig, check_data, eval_points, steps_per_epoch
 from iasgd.data import Dataset
 from iasgd.models import Model
 from iasgd.results import (
@@ -166,19 +166,6 @@ class _SequentialRun:
             record_eval(r, self.model, self.data, r.params, seconds=r.train_time_s,
                         applied=r.applied, accuracy=record.test_accuracy)
         hooks.on_epoch_end(record)
-
-
-def check_data(model: Model, data: Dataset, cfg: TrainConfig) -> None:
-    """ConfigError (one line) if the data cannot train the model as configured."""
-    if data.input_shape != model.input_shape:
-        raise ConfigError(f"{data.name} images are {data.input_shape}, the model expects "
-                          f"{model.input_shape}")
-    if int(data.y_train.max(initial=0)) >= model.num_classes:
-        raise ConfigError(f"{data.name} has labels up to {int(data.y_train.max())}, the model "
-                          f"has {model.num_classes} classes")
-    if cfg.batch_size > data.x_train.shape[0]:
-        raise ConfigError(f"{{batch_size}} {cfg.batch_size} is larger than the training set "
-                          f"({data.x_train.shape[0]:,} images)")
 
 
 def train(model: Model, data: Dataset, cfg: TrainConfig, hooks: Hooks | None = None, *,

@@ -37,7 +37,7 @@ from iasgd import gate as G
 from iasgd import kernels as K
 from iasgd import workers as W
 from iasgd.algorithms import ALGORITHMS, POLICIES
-from iasgd.config import ConfigError, TrainConfig, steps_per_epoch
+from iasgd.config import ConfigError, TrainConfig, check_data, steps_per_epoch
 from iasgd.data import Dataset
 from iasgd.models import Model
 from iasgd.results import HIST_BINS, RunResult, Status, record_epoch, summarize
@@ -271,8 +271,6 @@ def simulate(model: Model, data: Dataset, cfg: TrainConfig,
     `cores` cores (default: one each) would produce under `step_time`.
     Returns a RunResult whose wall times (and time budget) are simulated
     seconds."""
-    from iasgd.engine import check_data
-
     cfg.check()
     check_data(model, data, cfg)
     if cfg.eval_every:
