@@ -197,7 +197,9 @@ def test_128_threads_stop_on_the_time_budget(lenet_big):
     model, data = lenet_big
     cfg = engine.TrainConfig(algo="hogwild", threads=128, epochs=100, time_budget=2.0)
     result = train_with_timeout(model, data, cfg)
-    assert result.status == "time_budget" and len(result.epochs) == 1
+    # an idle machine finishes a 2,500-update epoch in under 2 s: the cut
+    # falls in whichever epoch runs at the deadline
+    assert result.status == "time_budget" and not result.epochs[-1].complete
     assert 2.0 <= result.train_time_s <= 2.0 + 0.15, result.train_time_s
 
 
