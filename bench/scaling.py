@@ -21,6 +21,13 @@ at the largest thread count (per learning rate when --lrs has several).
 Time to target is interpolated between evaluations: every --eval-every
 applied updates when given (outside the training clock), else epoch ends.
 
+Runs go thread count by thread count in the order --threads gives, so an
+interrupted sweep has whole columns. A real run measures wall time, so other
+processes on the machine would distort it: before each run the sweep waits
+until other processes use at most --max-foreign of the CPUs, and a run they
+disturbed beyond that (read from /proc/stat, Linux only) is run again, up to
+RETRIES times; each run records its share as foreign_cpu.
+
 Algorithms: sequential, sync, async, hogwild, interval (fixed y = --interval),
 interval-y<Y> (fixed y = Y, e.g. interval-y64), interval-decay, interval-probe,
 elastic (hogwild with the thread-count window), async-tail (hogwild with
@@ -32,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -88,6 +96,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "thread, nothing to simulate) is skipped")
     p.add_argument("--sim-cores", type=int, default=None,
                    help="cores the simulated workers share (default: one each)")
+    p.add_argument("--max-foreign", type=float, default=None, metavar="SHARE",
+                   help="share of the machine's CPUs other processes may use during a real "
+                        "run before it is run again (default 0.05; off with --quick and "
+                        "--simulate; 1: off)")
     for name in PASSED_THROUGH:
         default = getattr(engine.TrainConfig, name)
         p.add_argument("--" + name.replace("_", "-"), type=type(default) if default is not None
@@ -125,6 +137,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.lr = 0.02
         args.probe_steps, args.exec_steps = 20, 60
     args.lrs = args.lrs or [args.lr]
+    if args.max_foreign is None:
+        args.max_foreign = 1.0 if args.quick or args.simulate else 0.05
     if args.simulate:
         args.algos = [a for a in args.algos
                       if sweep_variant(a)["algo"] in sim.SIMULATED_ALGOS]
@@ -141,7 +155,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def sweep_options(args: argparse.Namespace) -> dict:
     """The options that decide what each run computes (not where files go)."""
     return {k: v for k, v in vars(args).items()
-            if k not in ("resume", "out_dir", "data_dir", "archive", "from_results", "targets")}
+            if k not in ("resume", "out_dir", "data_dir", "archive", "from_results", "targets",
+                         "max_foreign")}
 
 
 def key(x: float) -> str:
@@ -434,7 +449,9 @@ def run_sweep(args: argparse.Namespace, out: Path) -> tuple[dict, float]:
               f"{cores}")
     partial = out.with_suffix(".partial.json")
     runs, seconds_before = finished_runs(partial, args) if args.resume else ({}, 0.0)
-    combos = [(lr, a, n) for lr in args.lrs for a in args.algos for n in threads_of(a, args)]
+    counts = list(dict.fromkeys([1, *args.threads]))  # sequential's one thread first
+    combos = [(lr, a, n) for lr in args.lrs for n in counts for a in args.algos
+              if n in threads_of(a, args)]
     todo = sum(max(args.seeds - len(runs_of(runs, a, n, lr)), 0) for lr, a, n in combos)
     if args.simulate:
         print(f"{todo} runs of {args.time_budget:g} simulated s of training each", flush=True)
@@ -447,8 +464,8 @@ def run_sweep(args: argparse.Namespace, out: Path) -> tuple[dict, float]:
             lr_text = f" lr={lr:g}" if len(args.lrs) > 1 else ""
             print(f"[{i}/{len(combos)}] {algo} n={n}{lr_text} seed={seed} ...", end=" ",
                   flush=True)
-            run = run_one(model, data, config_for(args, algo, n, seed, lr), args.targets,
-                          simulation)
+            run = undisturbed_run(args, model, data, config_for(args, algo, n, seed, lr),
+                                  simulation)
             runs.setdefault(algo, {}).setdefault(n, []).append(run)
             # after every run, so an interrupted sweep loses at most one run
             metrics.write_json_atomic(partial, {
@@ -457,6 +474,70 @@ def run_sweep(args: argparse.Namespace, out: Path) -> tuple[dict, float]:
             print(f"{run['samples_per_s']:,.0f} samples/s, "
                   f"acc {100 * (run['final_accuracy'] or 0):.1f}%", flush=True)
     return runs, seconds_before + time.perf_counter() - t_start
+
+
+RETRIES = 5  # reruns of a run other processes disturbed, before it is kept as it is
+QUIET_PROBE_S = 2.0  # how long the machine is watched before a run
+
+
+def machine_cpu_s() -> tuple[float, float] | None:
+    """CPU seconds used so far: by the whole machine (every CPU and
+    process, time stolen by the hypervisor included) and by this process
+    alone. None where /proc/stat does not exist."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]
+    except OSError:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, fields)
+    own = os.times()
+    return ((user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK"),
+            own.user + own.system)
+
+
+def foreign_share(before: tuple[float, float] | None, after: tuple[float, float] | None,
+                  wall_s: float, cpus: int | None = None) -> float | None:
+    """Share (0..1) of the machine's CPUs that other processes used between
+    two machine_cpu_s() readings wall_s seconds apart; None if unknown."""
+    if before is None or after is None or wall_s <= 0:
+        return None
+    others = (after[0] - before[0]) - (after[1] - before[1])
+    return max(others, 0.0) / (wall_s * (cpus or os.cpu_count() or 1))
+
+
+def wait_until_quiet(max_share: float) -> None:
+    """Return once other processes use at most max_share of the CPUs over
+    QUIET_PROBE_S; say so while waiting."""
+    said = 0.0
+    while True:
+        before, t0 = machine_cpu_s(), time.perf_counter()
+        time.sleep(QUIET_PROBE_S)
+        share = foreign_share(before, machine_cpu_s(), time.perf_counter() - t0)
+        if share is None or share <= max_share:
+            return
+        if time.perf_counter() - said > 60:
+            print(f"(waiting: other processes use {share:.0%} of the CPUs) ", end="",
+                  flush=True)
+            said = time.perf_counter()
+
+
+def undisturbed_run(args: argparse.Namespace, model, data, cfg: engine.TrainConfig,
+                    simulation) -> dict:
+    """run_one on a quiet machine: a real run that other processes
+    disturbed beyond --max-foreign is run again (RETRIES times at most; the
+    last one is kept, with its foreign_cpu share saying how disturbed)."""
+    for attempt in range(RETRIES + 1):
+        checked = simulation is None and args.max_foreign < 1
+        if checked:
+            wait_until_quiet(args.max_foreign)
+        before, t0 = machine_cpu_s(), time.perf_counter()
+        run = run_one(model, data, cfg, args.targets, simulation)
+        run["foreign_cpu"] = foreign_share(before, machine_cpu_s(), time.perf_counter() - t0)
+        if not checked or run["foreign_cpu"] is None or run["foreign_cpu"] <= args.max_foreign:
+            return run
+        if attempt < RETRIES:
+            print(f"disturbed (other processes used {run['foreign_cpu']:.0%} of the CPUs), "
+                  "again ...", end=" ", flush=True)
+    return run
 
 
 def rescored_runs(args: argparse.Namespace) -> tuple[argparse.Namespace, dict, dict]:

@@ -210,3 +210,27 @@ def test_resume_of_an_lr_sweep_runs_only_the_missing_lr(tmp_path, monkeypatch):
     doc = scaling.main([*options, "--resume", "--targets", "0.6"])
     assert [c.lr for c in calls] == [0.01, 0.02]
     assert [r["lr"] for r in doc["runs"]["hogwild"]["2"]] == [0.01, 0.02]
+
+
+def test_foreign_share_is_the_other_processes_share_of_the_cpus():
+    # 2 CPUs for 10 s: 20 CPU-s; the machine used 13, this process 8 -> 5 by others
+    assert scaling.foreign_share((100.0, 50.0), (113.0, 58.0), 10.0, cpus=2) == 0.25
+    assert scaling.foreign_share((100.0, 50.0), (108.0, 58.0), 10.0, cpus=2) == 0.0
+    assert scaling.foreign_share(None, (1.0, 1.0), 10.0) is None
+    reading = scaling.machine_cpu_s()
+    if reading is not None:  # Linux: the machine has used at least what we used
+        assert reading[0] >= reading[1] > 0
+
+
+def test_a_run_other_processes_disturbed_is_run_again(monkeypatch, capsys):
+    args = scaling.parse_args(["--quick", "--max-foreign", "0.05"])
+    readings = iter([(0.0, 0.0), (1.0, 0.0),   # first run: others used a whole CPU
+                     (5.0, 0.0), (5.0, 0.0)])  # second: nothing but us
+    monkeypatch.setattr(scaling, "machine_cpu_s", lambda: next(readings))
+    monkeypatch.setattr(scaling, "wait_until_quiet", lambda share: None)
+    monkeypatch.setattr(scaling.time, "perf_counter", iter(range(0, 100, 1)).__next__)
+    runs = []
+    monkeypatch.setattr(scaling, "run_one", lambda *a, **k: runs.append(a) or {"seed": 0})
+    run = scaling.undisturbed_run(args, None, None, None, None)
+    assert len(runs) == 2 and run["foreign_cpu"] == 0.0
+    assert "disturbed (other processes used" in capsys.readouterr().out
