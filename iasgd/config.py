@@ -37,6 +37,7 @@ class ConfigError(ValueError):
 
 
 _FIELD = re.compile(r"\{([a-z0-9_]+)\}")
+BACKENDS = ("threads", "ray")
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,14 @@ class TrainConfig:
     # staleness-adaptive step size
     lr_schedule: str = "none"
     tail_amplitude: float = 1.0
+    # where the threads run: "threads" (this machine) or "ray" (nodes of
+    # `threads` threads each, exchanging updates with a parameter server;
+    # iasgd.cluster)
+    backend: str = "threads"
+    nodes: int = 2  # ray: node actors (each trains with `threads` threads)
+    sync_every: int = 16  # ray: K, updates a node applies between its exchanges
+    node_interval: int | None = None  # ray, algo interval: y over node pushes (None: nodes)
+    node_gate: str = "wait"  # ray, algo interval: the cluster gate's policy
 
     @property
     def start_y(self) -> int:
@@ -86,7 +95,8 @@ class TrainConfig:
 
     def check(self) -> None:
         """Raise ConfigError (one line) on a value or combination no run can use."""
-        choices = {"algo": ALGORITHMS, "gate": POLICIES,
+        choices = {"algo": ALGORITHMS, "gate": POLICIES, "node_gate": POLICIES,
+                   "backend": BACKENDS,
                    "interval_schedule": S.INTERVAL_SCHEDULES,
                    "threads_schedule": S.THREAD_SCHEDULES, "lr_schedule": S.LR_SCHEDULES}
         for name, allowed in choices.items():
@@ -95,12 +105,12 @@ class TrainConfig:
                                   f"choose from {', '.join(allowed)}")
         for name in ("batch_size", "epochs", "threads", "interval", "y_min", "decay_every",
                      "decay_by", "probe_offset", "probe_step", "probe_steps", "exec_steps",
-                     "window"):
-            if getattr(self, name) < 1:
+                     "window", "nodes", "sync_every", "node_interval"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"{{{name}}} must be >= 1, got {getattr(self, name)}")
         if self.eval_every < 0:
             raise ConfigError(f"{{eval_every}} must be >= 0, got {self.eval_every}")
-        for name in ("interval", "y0"):
+        for name in ("interval", "y0", "node_interval"):
             if (getattr(self, name) or 0) > G.MAX_Y:
                 raise ConfigError(f"{{{name}}} must be <= {G.MAX_Y}, got {getattr(self, name)}")
         for name in ("lr", "momentum", "time_budget"):
@@ -111,6 +121,10 @@ class TrainConfig:
             parallel = ", ".join(a for a in ALGORITHMS if ALGORITHMS[a].parallel)
             raise ConfigError(f"{{algo}} {self.algo} runs one thread; pick {{algo}} one of "
                               f"{parallel} for {{threads}} > 1")
+        if self.backend == "ray" and not ALGORITHMS[self.algo].parallel:
+            raise ConfigError(f"{{backend}} ray runs a parallel {{algo}}, not {self.algo}; "
+                              "pick one of " + ", ".join(a for a in ALGORITHMS
+                                                         if ALGORITHMS[a].parallel))
         self._check_schedules()
 
     def _check_schedules(self) -> None:

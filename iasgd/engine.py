@@ -169,11 +169,18 @@ class _SequentialRun:
 
 
 def train(model: Model, data: Dataset, cfg: TrainConfig, hooks: Hooks | None = None, *,
-          resume: Snapshot | None = None, checkpoint_every: int = 0) -> RunResult:
+          resume: Snapshot | None = None, checkpoint_every: int = 0,
+          address: str | None = None) -> RunResult:
     """Run the algorithm that cfg.algo names, from the start or from a
-    snapshot of the same configuration. ConfigError on a configuration or
-    data no run can use."""
+    snapshot of the same configuration, on this machine's threads or (with
+    cfg.backend "ray") on the Ray cluster at `address` (None: a local one).
+    ConfigError on a configuration or data no run can use;
+    iasgd.ray_cluster.ClusterError when the cluster cannot run it."""
     cfg.check()
     check_data(model, data, cfg)
+    if cfg.backend == "ray":
+        from iasgd.ray_cluster import RayRun  # Ray is an optional extra
+
+        return RayRun(model, data, cfg, resume, address).run(hooks or Hooks(), checkpoint_every)
     runner = ThreadedRun if ALGORITHMS[cfg.algo].parallel else _SequentialRun
     return runner(model, data, cfg, resume).run(hooks or Hooks(), checkpoint_every)

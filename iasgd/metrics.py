@@ -88,6 +88,8 @@ def results_document(config: dict[str, Any], result: Any, num_params: int) -> di
         "threads_trace": result.threads_trace,
         "probe_log": result.probe_log,
         "evals": result.evals,
+        "backend": (result.cluster or {}).get("backend", "threads"),
+        "cluster": result.cluster,
         "final_test_accuracy": accuracies[-1] if accuracies else None,
         "best_test_accuracy": max(accuracies) if accuracies else None,
         "machine": machine_info(),

@@ -72,6 +72,8 @@ class RunResult:
     # [train_time_s, applied, test_accuracy] every eval_every applied updates
     # and at each epoch end (TrainConfig.eval_every > 0 only)
     evals: list[list[float]] = field(default_factory=list)
+    # backend ray: nodes, server, staleness between nodes (iasgd.ray_cluster)
+    cluster: dict | None = None
 
 
 @dataclass

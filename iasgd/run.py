@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import math
 import os
 import signal
@@ -20,7 +21,7 @@ from typing import NoReturn
 from iasgd import checkpoints, engine, metrics, models, schedules, sim, workers
 from iasgd import data as datasets
 from iasgd.algorithms import ALGORITHMS, POLICIES
-from iasgd.config import ConfigError
+from iasgd.config import BACKENDS, ConfigError
 
 EXIT_USAGE = 2
 EXIT_FAILED = 1
@@ -195,6 +196,22 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--sim-step-spread", type=_positive_float, default=None, metavar="SIGMA",
                    help="lognormal step times with this spread around the measured mean "
                         "(default: draw from measured single-thread step times)")
+    g = p.add_argument_group("cluster (nodes of --threads threads on Ray; docs/cluster.md)")
+    g.add_argument("--backend", choices=BACKENDS, default="threads",
+                   help="threads: this machine; ray: --nodes nodes exchanging updates with a "
+                        "parameter server (needs pip install -e '.[ray]')")
+    g.add_argument("--address", default=None, metavar="HOST:PORT",
+                   help="ray: the cluster to join (auto: the one this machine belongs to); "
+                        "default: start a local Ray with --nodes node actors")
+    g.add_argument("--nodes", type=_positive_int, default=2,
+                   help="ray: node actors, each training with --threads threads")
+    g.add_argument("--sync-every", type=_positive_int, default=16, metavar="K",
+                   help="ray: updates a node applies between its exchanges with the server")
+    g.add_argument("--node-interval", type=_positive_int, default=None, metavar="Y",
+                   help="ray, --algo interval: y over node pushes, so staleness between "
+                        "nodes stays <= y - 1 (default: --nodes)")
+    g.add_argument("--node-gate", choices=POLICIES, default="wait",
+                   help="ray, --algo interval: the cluster gate's policy (as --gate)")
     g = p.add_argument_group("output")
     g.add_argument("--out", default="results.json",
                    help="results JSON (config, status, per-epoch records), written atomically")
@@ -248,10 +265,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.simulate and args.eval_every:
         raise UsageError("--eval-every is not simulated (simulated runs evaluate at epoch "
                          "ends, which cost no simulated time); drop --eval-every")
+    if args.backend == "ray":
+        _check_ray(args)
+    elif args.address is not None:
+        raise UsageError("--address applies to --backend ray; add --backend ray or drop it")
     if args.simulate and args.resume:
         raise UsageError("--simulate runs are not checkpointed, so there is nothing to "
                          "--resume; drop one of the two")
     return args
+
+
+def _check_ray(args: argparse.Namespace) -> None:
+    """--backend ray: Ray is installed and the options fit a cluster run."""
+    if args.simulate:
+        raise UsageError("--simulate runs on this machine; drop --backend ray or --simulate")
+    if importlib.util.find_spec("ray") is None:
+        raise UsageError("--backend ray needs Ray, which is not installed: "
+                         "pip install -e '.[ray]'")
 
 
 def _check_writable_file(option: str, path: str) -> None:
@@ -570,10 +600,10 @@ def train_and_report(args: argparse.Namespace, model: models.Model, data: datase
                          should_stop=interrupts.reason, on_checkpoint=write_checkpoint)
     try:
         result = engine.train(model, data, train_config(args), hooks, resume=snapshot,
-                              checkpoint_every=args.checkpoint_every)
-    except RuntimeError as e:  # a worker failed; the others have stopped
+                              checkpoint_every=args.checkpoint_every, address=args.address)
+    except RuntimeError as e:  # a worker or every node failed; the others have stopped
         print(f"iasgd: error: {e}", file=sys.stderr)
-        return EXIT_FAILED
+        return getattr(e, "exit_code", EXIT_FAILED)  # a cluster never reached: 2
     document = metrics.results_document(config, result, model.num_params)
     document["checkpoint"] = saved[-1] if saved else None
     metrics.write_json_atomic(args.out, document)
