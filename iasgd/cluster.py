@@ -300,6 +300,7 @@ class ParameterServer:
             self.dropped_updates += push.count
             for _ in range(push.count):
                 G.return_ticket(s)
+            self.cond.notify_all()  # a node may be waiting for those tickets
             return False
         self.pushes += 1
         self.carried += push.carried

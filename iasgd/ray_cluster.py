@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import socket
 import sys
 import time
 
@@ -36,6 +37,7 @@ from iasgd.results import (
 )
 
 POLL_S = 0.05  # how often the driver looks at the run
+CONNECT_S = 5.0  # how long --address may take to answer
 NODE_RESULTS_S = 60.0  # how long the driver waits for the nodes' figures after a stop
 
 
@@ -68,6 +70,8 @@ def connect(address: str | None, cfg: TrainConfig):
     ray = import_ray()
     if ray.is_initialized():
         return ray
+    if address not in (None, "auto"):
+        check_reachable(address)
     try:
         if address is None:
             ray.init(num_cpus=max(os.cpu_count() or 1, cfg.nodes * cfg.threads),
@@ -80,6 +84,20 @@ def connect(address: str | None, cfg: TrainConfig):
         raise UnreachableClusterError(f"cannot start or reach {where} ({first}); check that "
                            "`ray status` works there") from None
     return ray
+
+
+def check_reachable(address: str) -> None:
+    """UnreachableClusterError at once if nothing answers at HOST[:PORT]
+    (Ray itself would retry for minutes)."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        host, port = address.removeprefix("ray://"), "6379"
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_S).close()
+    except OSError as e:
+        raise UnreachableClusterError(
+            f"cannot reach the Ray cluster at {address} ({e.strerror or e}); start it with "
+            "`ray start --head` there, or check --address") from None
 
 
 class NodeActor:
@@ -104,7 +122,9 @@ class NodeActor:
                 return ray.get(ref) if ready else None
             return poll
 
-        return self.inner.run(link)
+        figures = self.inner.run(link)
+        figures["ray_node"] = ray.get_runtime_context().get_node_id()
+        return figures
 
     def stop(self) -> None:
         self.inner.stop()

@@ -282,6 +282,13 @@ def _check_ray(args: argparse.Namespace) -> None:
     if importlib.util.find_spec("ray") is None:
         raise UsageError("--backend ray needs Ray, which is not installed: "
                          "pip install -e '.[ray]'")
+    if args.address not in (None, "auto"):
+        from iasgd.ray_cluster import UnreachableClusterError, check_reachable
+
+        try:
+            check_reachable(args.address)
+        except UnreachableClusterError as e:
+            raise UsageError(str(e)) from None
 
 
 def _check_writable_file(option: str, path: str) -> None:
