@@ -20,9 +20,10 @@ cfg.sync_every (K) updates its threads applied it exchanges with the server:
 Tickets. The server hands out update tickets exactly as the one-machine gate
 does (TICKETS, LIMIT, DONE of iasgd.gate): a pull leases up to K of them; an
 epoch's LIMIT is ceil(N_train / b) updates in all; DONE counts the updates
-applied at the server. A node always pushes every leased update before it
-waits for more, so the epoch ends (DONE reaches LIMIT) with every node idle,
-and the driver evaluates outside the training clock.
+applied at the server. Only a node that holds no ticket waits for more (one
+that still holds some gets none and pushes them first), so the epoch ends
+(DONE reaches LIMIT) with every node idle, and the driver evaluates outside
+the training clock.
 
 Overlap. Except with sync, a node leases two exchanges' worth (2K) at the
 start: its threads go on with the second K while the first exchange is in
@@ -87,6 +88,7 @@ class Push:
     loss_sum: float = 0.0  # sum of their losses
     hist: list[int] = field(default_factory=list)  # their staleness inside the node
     carried: int = 0  # of count: applied while the last exchange was in flight
+    diverged: bool = False  # the node's threads met a non-finite loss or parameter
 
 
 @dataclass
@@ -128,7 +130,24 @@ class ParameterServer:
         self.epoch = {"computed": 0, "loss_sum": 0.0, "hist": np.zeros(HIST_BINS, np.int64)}
         self.computed = 0
         self.busy_s = 0.0
-        self.started = time.perf_counter()
+        self.started = time.perf_counter()  # reset at the first exchange
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """Load the compiled functions the server calls, on scratch arrays,
+        so that the first push does not pay for it (busy_s)."""
+        scratch, empty = self.state.copy(), self.params[:0]
+        G.allow(scratch, 1)
+        G.take_ticket(scratch)
+        G.try_slot(scratch)
+        G.commit_step(scratch, G.generation(scratch), True)
+        G.crossed(scratch, G.begin_apply(scratch))
+        G.finish_apply(scratch)
+        G.settle_many(scratch, 1)
+        G.return_ticket(scratch)
+        G.read_version(scratch)
+        K.add_scaled(empty, empty, 1.0)
+        K.all_finite(empty)
 
     # ----------------------------------------------------------- the driver
 
@@ -250,6 +269,8 @@ class ParameterServer:
         of the next interval (wait policy) and, with sync, until every live
         node has pushed this round."""
         with self.cond:
+            if not self.pushes and push.delta is None and not self.computed:
+                self.started = time.perf_counter()  # the nodes are up: the clock of busy_s
             if push.node not in self.live or self.state[G.STOP]:
                 return self._reply(-1, 0, stop=True)  # a lost node's work is not wanted
             applied, waited = True, 0.0
@@ -263,7 +284,8 @@ class ParameterServer:
                     waited = time.perf_counter() - t0
             t_wait = time.perf_counter()
             granted = self._lease(push.node, want)
-            gen = self._take_slot(push.node) if granted else -1
+            # a node that will push again needs a slot of the interval to push in
+            gen = self._take_slot(push.node) if self.leased[push.node] else -1
             if push.node not in self.live:  # lost while it waited
                 self._release(push.node)
                 return self._reply(-1, 0, stop=True)
@@ -288,7 +310,7 @@ class ParameterServer:
         """Apply one push with the cluster algorithm; False if dropped."""
         s = self.state
         self._account(push)
-        if not K.all_finite(push.delta):
+        if push.diverged or not K.all_finite(push.delta):
             G.mark_diverged(s)
             self.cond.notify_all()
             return False
@@ -340,12 +362,14 @@ class ParameterServer:
             self.cond.wait()
 
     def _lease(self, node: int, want: int) -> int:
-        """Take up to `want` tickets for `node`, waiting while none is left."""
+        """Take up to `want` tickets for `node`. Only a node that holds none
+        waits while none is left: one that still holds some must push them
+        first, or the epoch (which waits for them) would never end."""
         granted = 0
         while want > 0 and not self.state[G.STOP] and node in self.live:
             while granted < want and G.take_ticket(self.state):
                 granted += 1
-            if granted:
+            if granted or self.leased[node]:
                 break
             self.cond.wait()
         self.leased[node] += granted
@@ -389,7 +413,7 @@ class Node:
         self.team = Team(model, data, self.local_cfg, model.init(cfg.seed), self.control)
         self.base = np.zeros_like(self.team.params)
         self.delta = np.zeros_like(self.team.params)
-        self.bytes_per_exchange = 2 * self.team.params.nbytes
+        self.param_bytes = self.team.params.nbytes
         self.stats = {"node": node, "host": socket.gethostname(), "threads": cfg.threads,
                       "pushes": 0, "dropped_pushes": 0, "carried": 0, "stalled_s": 0.0,
                       "exchange_s": 0.0, "server_wait_s": 0.0, "bytes": 0, "rtt_ms": []}
@@ -417,14 +441,15 @@ class Node:
                 limit += reply.granted
                 G.allow(team.state, limit)
                 done = self._accumulate(pushed, limit)
-                if G.stopped(team.state):
-                    break
+                diverged = bool(team.state[G.DIVERGED])
+                if G.stopped(team.state) and not diverged:
+                    break  # stopped from outside: the run is over
                 K.difference(team.params, self.base, self.delta)
                 hist, loss_sum = team.end_epoch_stats()
                 now_computed = team.total(W.COMPUTED)
                 push = Push(self.node, self.delta, done - pushed, self.v_base, self.gen,
                             now_computed - computed, loss_sum, metrics.trimmed(hist),
-                            self.carried)
+                            self.carried, diverged)  # diverged: the server stops the run
                 computed, pushed = now_computed, done
                 reply = self._exchange(link, push, cfg.sync_every)
                 K.rebase(team.params, self.base, self.delta, reply.params)
@@ -468,7 +493,7 @@ class Node:
         self.stats["exchange_s"] += rtt
         self.stats["server_wait_s"] += reply.waited_s
         self.stats["rtt_ms"].append(1e3 * (rtt - reply.waited_s))  # the transfer and the apply
-        self.stats["bytes"] += self.bytes_per_exchange
+        self.stats["bytes"] += self.param_bytes * (1 if push.delta is None else 2)
         self.carried = int(team.state[G.DONE]) - done_at_send
         self.stats["carried"] += self.carried
         return reply

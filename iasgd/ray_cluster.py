@@ -74,7 +74,8 @@ def connect(address: str | None, cfg: TrainConfig):
         check_reachable(address)
     try:
         if address is None:
-            ray.init(num_cpus=max(os.cpu_count() or 1, cfg.nodes * cfg.threads),
+            ray.init(address="local",  # a new one, even where another is running
+                     num_cpus=max(os.cpu_count() or 1, cfg.nodes * cfg.threads),
                      include_dashboard=False, configure_logging=False, log_to_driver=False)
         else:
             ray.init(address=address, configure_logging=False, log_to_driver=False)
@@ -126,6 +127,9 @@ class NodeActor:
         figures["ray_node"] = ray.get_runtime_context().get_node_id()
         return figures
 
+    def warm_up(self) -> None:
+        self.inner.team.warm_up()
+
     def stop(self) -> None:
         self.inner.stop()
 
@@ -158,6 +162,8 @@ class RayRun:
                                                    scheduling_strategy="SPREAD")
         self.handles = [node_actor.remote(i, model, data_ref, cfg, self.server)
                         for i in range(cfg.nodes)]
+        # every node up and its compiled code loaded before the clock starts
+        ray.get([h.warm_up.remote() for h in self.handles])
         self.running = {h.run.remote(): i for i, h in enumerate(self.handles)}
         self.figures: dict[int, dict] = {}
 
@@ -272,6 +278,9 @@ class RayRun:
             node = self.running.pop(ref)
             try:
                 self.figures[node] = ray.get(ref)
+                # ended before the run (it diverged and told the server): what
+                # it still held must not keep the others waiting
+                ray.get(self.server.node_lost.remote(node, None))
             except Exception as e:  # the actor died (RayActorError) or failed
                 why = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''}"
                 left = ray.get(self.server.node_lost.remote(node, why))

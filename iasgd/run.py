@@ -583,6 +583,12 @@ def describe(args: argparse.Namespace, model: models.Model, data: datasets.Datas
     algo = args.algo if args.threads == 1 else f"{args.algo} x {args.threads} threads"
     if ALGORITHMS[args.algo].bound == "interval":
         algo += f", y={args.interval}, gate {args.gate}"
+    if args.backend == "ray":
+        where = "a local Ray" if args.address is None else args.address
+        algo += (f"; on {args.nodes} Ray nodes ({where}), exchanging every {args.sync_every} "
+                 "updates")
+        if ALGORITHMS[args.algo].bound == "interval":
+            algo += f", node interval {args.node_interval or args.nodes}, gate {args.node_gate}"
     resumed = f"; resuming {args.resume}" if args.resume else ""
     return (f"{args.model} ({model.num_params:,} parameters) on {args.dataset} "
             f"({data.x_train.shape[0]:,} train / {data.x_test.shape[0]:,} test, loaded in "

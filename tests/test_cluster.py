@@ -213,3 +213,23 @@ def test_nodes_train_with_their_threads_and_exchange_in_one_process(algo):
     assert node_level["violations"] == 0
     assert node_level["max"] <= (1 if algo == "interval" else 0)
     assert np.all(np.isfinite(server.get_params()))
+
+
+def test_a_node_still_holding_tickets_is_never_kept_waiting_for_more():
+    """With overlap a node asks for more while it still holds unpushed
+    tickets; if it waited for more at the end of an allowance, the allowance
+    (which waits for those very updates) would never end."""
+    server = C.ParameterServer(np.zeros(P, np.float32), config(algo="hogwild", nodes=1))
+    server.allow(8)
+    first = server.exchange(C.Push(0, None, 0, 0, -1), 8)
+    assert first.granted == 8
+    d = np.ones(P, np.float32)
+    half = server.exchange(C.Push(0, d, 4, first.version, first.gen), 4)  # 4 still held
+    assert half.granted == 0 and not half.stop
+    with ThreadPoolExecutor(1) as pool:  # all pushed: now it waits for the next allowance
+        rest = pool.submit(server.exchange, C.Push(0, d, 4, half.version, half.gen), 4)
+        with pytest.raises(FutureTimeout):
+            rest.result(timeout=0.2)
+        assert server.progress()["done"] == 8
+        server.allow(16)
+        assert rest.result(timeout=5).granted == 4

@@ -127,6 +127,13 @@ def test_losing_every_node_stops_with_a_checkpoint_and_a_clear_error(cluster, pr
     assert saved[-1].meta["server"]["pushes"] > 0
 
 
+def test_a_diverging_node_stops_the_run_as_diverged(cluster, problem):
+    model, data = problem
+    r = engine.train(model, data, config(algo="hogwild", lr=1e4, epochs=20))
+    assert r.status == "diverged" and r.diverged_at["epoch"] == 1
+    assert len(r.epochs) == 1  # the cut epoch is recorded, as on one machine
+
+
 def test_a_resumed_cluster_run_continues_from_the_server_state(cluster, problem):
     model, data = problem
     saved = []
@@ -200,3 +207,30 @@ def test_bench_cluster_projection_by_hand():
     assert k64["network_busy"] == pytest.approx(0.4) and k64["cpu_busy"] == pytest.approx(0.125)
     assert p["smallest_k"] == 64
     assert p["k_at_limit"] == pytest.approx(51.2)  # 8,000 x 3.2 ms (the network's) / 0.5
+
+
+def test_ctrl_c_saves_the_run_and_exits_130(cluster, tmp_path):
+    """A real SIGINT to a command-line run that joined the module's cluster."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "r.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "iasgd.run", "--backend", "ray", "--address", cluster.address,
+         "--algo", "interval", "--dataset", "synthetic", "--threads", "1", "--epochs", "1000",
+         "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd()})
+    deadline = time.monotonic() + 120
+    for line in proc.stdout:  # the first epoch's line: the nodes are training
+        if line.startswith("epoch") or time.monotonic() > deadline:
+            break
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "interrupted; checkpoint in" in err
+    assert (tmp_path / "r.ckpt.h5").exists()
+    doc = __import__("json").loads(out.read_text())
+    assert doc["status"] == "interrupted" and doc["backend"] == "ray"
