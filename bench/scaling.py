@@ -594,7 +594,9 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     if args.from_results:
         args, runs, saved = rescored_runs(args)
-        facts = {k: saved[k] for k in ("machine", "date", "sweep_seconds")}
+        # an interrupted sweep's <name>.partial.json has its seconds, not the facts
+        facts = {"machine": saved.get("machine"), "date": saved.get("date"),
+                 "sweep_seconds": saved.get("sweep_seconds", saved.get("seconds"))}
     out = Path(args.out_dir) / args.name
     out.parent.mkdir(parents=True, exist_ok=True)
     if args.from_results:

@@ -171,6 +171,14 @@ class ParameterServer:
                     "stopped": bool(s[G.STOP]), "diverged": bool(s[G.DIVERGED]),
                     "live": sorted(self.live), "y": int(s[G.Y]) if self.interval else None}
 
+    def wait_progress(self, limit: int, timeout_s: float) -> dict:
+        """progress(), once `limit` updates are applied or the run stopped,
+        or after timeout_s: the driver learns at once that an allowance ended."""
+        with self.cond:
+            self.cond.wait_for(lambda: self.state[G.DONE] >= limit or self.state[G.STOP],
+                               timeout_s)
+            return self.progress()
+
     def take_epoch(self) -> dict:
         """This epoch's computed count, loss sum and staleness inside the
         nodes (from their pushes); resets them."""
@@ -330,7 +338,7 @@ class ParameterServer:
             K.add_scaled(self.round_sum, push.delta, 1.0)
             self.round_nodes.add(push.node)
             self.node_hist[0] += 1
-            G.settle_many(s, push.count)
+            self._settle(push.count)
             self._maybe_finish_round()
             return True
         tau = G.begin_apply(s) - push.v_base
@@ -341,8 +349,14 @@ class ParameterServer:
             if G.finish_apply(s):
                 self.cond.notify_all()  # an interval opened
         self.node_hist[min(tau, HIST_BINS - 1)] += 1
-        G.settle_many(s, push.count)
+        self._settle(push.count)
         return True
+
+    def _settle(self, count: int) -> None:
+        """`count` updates are applied; the driver waits for the allowance's end."""
+        G.settle_many(self.state, count)
+        if self.state[G.DONE] >= self.state[G.LIMIT]:
+            self.cond.notify_all()
 
     def _maybe_finish_round(self) -> None:
         """sync: once every live node has pushed, apply the mean of the
@@ -367,7 +381,11 @@ class ParameterServer:
         first, or the epoch (which waits for them) would never end."""
         granted = 0
         while want > 0 and not self.state[G.STOP] and node in self.live:
-            while granted < want and G.take_ticket(self.state):
+            # near the end of an allowance the rest is shared among the live
+            # nodes, so that they finish together rather than one idling
+            left = int(self.state[G.LIMIT] - self.state[G.TICKETS])
+            share = min(want, max(1, -(-left // max(len(self.live), 1))))
+            while granted < share and G.take_ticket(self.state):
                 granted += 1
             if granted or self.leased[node]:
                 break
@@ -482,13 +500,16 @@ class Node:
         sent = time.perf_counter()
         done_at_send = int(team.state[G.DONE])
         poll = link(push, want)
-        looked = sent
+        looked, stalled = sent, 0.0
         while (reply := poll(POLL_S)) is None:
             now = time.perf_counter()
             if G.settled(team.state):  # the lease is used up: the threads wait for us
-                self.stats["stalled_s"] += now - looked
+                stalled += now - looked
             looked = now
             self._steer()
+        # the server's own waits (for the next allowance, a slot, a sync round)
+        # are not the exchange's cost: they are counted as server_wait_s
+        self.stats["stalled_s"] += max(stalled - reply.waited_s, 0.0)
         rtt = time.perf_counter() - sent
         self.stats["exchange_s"] += rtt
         self.stats["server_wait_s"] += reply.waited_s

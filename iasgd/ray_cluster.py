@@ -249,7 +249,7 @@ class RayRun:
         cfg, r, ray = self.cfg, self.result, self.ray
         last_done, last_t = start, time.perf_counter()
         while True:
-            progress = ray.get(self.server.progress.remote())
+            progress = ray.get(self.server.wait_progress.remote(limit, POLL_S))
             done = progress["done"]
             if progress["diverged"]:
                 return done, Status.DIVERGED, clock
@@ -267,7 +267,6 @@ class RayRun:
                               Live(updates_per_s=(done - last_done) / max(now - last_t, 1e-9),
                                    y=progress["y"]))
             last_done, last_t = done, now
-            time.sleep(POLL_S)
 
     def _watch_nodes(self) -> bool:
         """Take note of nodes that ended; a node that died is left out (a

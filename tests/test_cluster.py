@@ -114,7 +114,7 @@ def test_sync_applies_the_mean_of_one_push_per_node_per_round():
 
 def test_a_lost_node_gives_back_its_slot_and_tickets():
     server = C.ParameterServer(np.zeros(P, np.float32), config(nodes=2, node_interval=2))
-    server.allow(20)
+    server.allow(32)
     a = server.exchange(C.Push(0, None, 0, 0, -1), 8)
     b = server.exchange(C.Push(1, None, 0, 0, -1), 8)
     assert (a.gen, b.gen, a.granted, b.granted) == (0, 0, 8, 8)
@@ -149,6 +149,14 @@ def test_a_sync_round_completes_without_a_lost_node():
         server.node_lost(1, "killed")
         reply = waiting.result(timeout=5)
     np.testing.assert_array_equal(reply.params, np.full(P, 2, np.float32))
+
+
+def test_the_last_tickets_of_an_allowance_are_shared_among_the_nodes():
+    server = C.ParameterServer(np.zeros(P, np.float32), config(algo="hogwild", nodes=2))
+    server.allow(10)
+    a = server.exchange(C.Push(0, None, 0, 0, -1), 8)
+    b = server.exchange(C.Push(1, None, 0, 0, -1), 8)
+    assert (a.granted, b.granted) == (5, 5)  # not 8 and 2: both finish together
 
 
 def test_the_server_stops_blocked_exchanges_and_refuses_non_finite_pushes():
