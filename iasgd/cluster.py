@@ -439,6 +439,15 @@ class Node:
         self._t_start: float | None = None
         self._ticked = 0.0
 
+    def warm_up(self) -> None:
+        """Load (or compile) the threads' loop and the exchange's kernels
+        before any clock starts."""
+        self.team.warm_up()
+        empty = self.base[:0]
+        K.difference(empty, empty, empty)
+        K.rebase(empty, empty, empty, empty)
+        K.all_finite(empty)
+
     def stop(self) -> None:
         """Stop the threads now (the loop then ends at its next look)."""
         G.request_stop(self.team.state)
@@ -447,7 +456,7 @@ class Node:
         """Train until the server says stop; returns this node's figures."""
         team, cfg = self.team, self.cfg
         depth = 1 if ALGORITHMS[cfg.algo].loop == "sync" else 2
-        team.warm_up()
+        self.warm_up()
         reply = self._exchange(link, Push(self.node, None, 0, 0, -1), depth * cfg.sync_every)
         np.copyto(team.params, reply.params)
         self._t_start = time.perf_counter()

@@ -128,7 +128,7 @@ class NodeActor:
         return figures
 
     def warm_up(self) -> None:
-        self.inner.team.warm_up()
+        self.inner.warm_up()
 
     def stop(self) -> None:
         self.inner.stop()
