@@ -54,7 +54,7 @@ from iasgd import gate as G
 from iasgd import kernels as K
 from iasgd import metrics
 from iasgd import workers as W
-from iasgd.algorithms import ALGORITHMS, POLICIES
+from iasgd.algorithms import ALGORITHMS, POLICIES, staleness_bound
 from iasgd.config import TrainConfig, steps_per_epoch
 from iasgd.data import Dataset
 from iasgd.models import Model
@@ -263,8 +263,7 @@ class ParameterServer:
                     "mean": float(np.dot(np.arange(HIST_BINS), self.node_hist) / applied)
                     if applied else 0.0,
                     "max": int(np.flatnonzero(self.node_hist)[-1]) if applied else 0,
-                    "bound": int(self.state[G.Y_MAX]) - 1 if self.interval
-                    else 0 if self.algo.loop == "sync" else None,
+                    "bound": staleness_bound(self.cfg.algo, self.state),
                     "violations": self.violations,
                 },
             }
@@ -544,7 +543,6 @@ class Node:
         hist = team.run_hist + team.hist.sum(axis=0)
         applied = team.total(W.APPLIED)
         rtt = np.array(st.pop("rtt_ms") or [0.0])
-        bound = ALGORITHMS[self.cfg.algo].bound
         return {**st, "computed": team.total(W.COMPUTED), "applied": applied,
                 "dropped": team.total(W.DROPPED),
                 "samples_per_s": applied * self.cfg.batch_size / max(seconds, 1e-9),
@@ -554,8 +552,7 @@ class Node:
                 "staleness": {
                     "hist": metrics.trimmed(hist), "max": int(team.counters[:, W.TAU_MAX].max()),
                     "mean": float(team.total(W.TAU_SUM) / max(applied, 1)),
-                    "bound": int(team.state[G.Y_MAX]) - 1 if bound == "interval"
-                    else 0 if bound == "zero" else None,
+                    "bound": staleness_bound(self.cfg.algo, team.state),
                     "violations": team.total(W.VIOLATIONS)},
                 "interval_trace": self.result.interval_trace,
                 "threads_trace": self.result.threads_trace}
