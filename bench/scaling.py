@@ -43,6 +43,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -342,6 +343,63 @@ def table(summary: dict, args: argparse.Namespace) -> str:
     return "\n\n".join(blocks)
 
 
+HEADLINE_COLUMNS = ("interval", "interval-y64", "interval-decay", "interval-probe",
+                    "hogwild", "async")
+
+
+def is_interval(algo: str) -> bool:
+    return sweep_variant(algo)["algo"] == "interval"
+
+
+def fastest(by_algo: dict, n: int, target: str,
+            pick: Callable[[str], bool]) -> tuple[str, float] | None:
+    """(algorithm, mean seconds) of the algorithm among those `pick` accepts
+    that reached `target` at n threads in every seed soonest; None if none."""
+    times = [(s[n]["time_to_target_s"][target][0], algo) for algo, s in by_algo.items()
+             if pick(algo) and n in s and s[n]["time_to_target_s"][target]]
+    return (min(times)[1], min(times)[0]) if times else None
+
+
+def headline(summary: dict, args: argparse.Namespace) -> tuple[list[dict], str]:
+    """The comparison the sweep is for: per (lr, threads > 1, target), the
+    mean ± std time to target of the interval variants, Hogwild! and async,
+    the fastest baseline (every algorithm other than interval and
+    sequential) and the fastest interval variant's time divided by it.
+    Returns the rows (for the JSON) and a Markdown table per lr."""
+    rows, blocks = [], []
+    for lr, by_algo in summary.items():
+        shown = [a for a in HEADLINE_COLUMNS if a in by_algo]
+        counts = sorted({n for by_n in by_algo.values() for n in by_n if n > 1}, reverse=True)
+        lines = [f"**Headline, lr {lr}**: time to target (s), mean ± std over seeds; "
+                 "ratio = fastest interval variant / fastest baseline (or / hogwild)", "",
+                 "| n | target | " + " | ".join(shown) +
+                 " | fastest baseline | ratio | ratio to hogwild |",
+                 "|---:|---:|" + "---:|" * len(shown) + "---|---|---:|"]
+        for n in counts:
+            for target in args.targets:
+                t = key(target)
+                cells = []
+                for algo in shown:
+                    s = by_algo[algo].get(n)
+                    ttt = s and s["time_to_target_s"][t]
+                    cells.append(f"{ttt[0]:.1f} ± {ttt[1]:.1f}" if ttt else
+                                 f"- ({s['reached'][t]}/{s['seeds']})" if s else "")
+                base = fastest(by_algo, n, t, lambda a: not is_interval(a) and a != "sequential")
+                best = fastest(by_algo, n, t, is_interval)
+                hogwild = fastest(by_algo, n, t, lambda a: a == "hogwild")
+                ratio = best[1] / base[1] if best and base else None
+                to_hogwild = best[1] / hogwild[1] if best and hogwild else None
+                rows.append({"lr": lr, "threads": n, "target": t, "baseline": base,
+                             "interval": best, "ratio": ratio, "ratio_to_hogwild": to_hogwild})
+                base_text = f"{base[0]} {base[1]:.1f}" if base else "none reached"
+                ratio_text = f"{ratio:.2f} ({best[0]})" if ratio else "-"
+                hogwild_text = f"{to_hogwild:.2f}" if to_hogwild else "-"
+                lines.append(f"| {n} | {100 * target:.0f}% | " + " | ".join(cells) +
+                             f" | {base_text} | {ratio_text} | {hogwild_text} |")
+        blocks.append("\n".join(lines))
+    return rows, "\n\n".join(blocks)
+
+
 def plot(summary: dict, runs: dict, args: argparse.Namespace, out: Path) -> list[Path]:
     """The PNG figures (a time-to-target figure per target); returns their paths."""
     import matplotlib
@@ -573,7 +631,8 @@ def write_report(args: argparse.Namespace, runs: dict, out: Path, facts: dict) -
                for lr in args.lrs}
     summary = {lr: {a: by_n for a, by_n in by_algo.items() if by_n}
                for lr, by_algo in summary.items()}
-    text = table(summary, args)
+    headline_rows, headline_text = headline(summary, args)
+    text = headline_text + "\n\n" + table(summary, args)
     if args.simulate:
         text = "SIMULATED (iasgd.sim): times and throughput are simulated\n\n" + text
     print(text)
@@ -581,6 +640,7 @@ def write_report(args: argparse.Namespace, runs: dict, out: Path, facts: dict) -
                 "summary": {lr: {a: {str(n): s for n, s in by_n.items()}
                                  for a, by_n in by_algo.items()}
                             for lr, by_algo in summary.items()},
+                "headline": headline_rows,
                 "runs": {a: {str(n): rs for n, rs in by_n.items()} for a, by_n in runs.items()}}
     metrics.write_json_atomic(out.with_suffix(".json"), document)
     out.with_suffix(".md").write_text(text + "\n")

@@ -32,8 +32,12 @@ def test_quick_sweep_writes_table_json_and_plots(tmp_path, capsys):
     row = summary["interval"]["2"]
     assert row["samples_per_s"][0] > 0 and 0 <= row["acceptance_rate"] <= 1
     table = (tmp_path / "smoke.md").read_text()
-    assert table.count("\n") == 2 + 5  # header, rule, five (algorithm, n) rows
-    assert "| interval | 2 |" in table and table in capsys.readouterr().out
+    heading, headline, per_algorithm = table.rstrip("\n").split("\n\n")
+    assert heading.startswith("**Headline, lr 0.02**")
+    assert headline.count("\n") == 2  # header, rule, one row: 2 threads, the one target
+    assert headline.splitlines()[-1].startswith("| 2 | ")
+    assert per_algorithm.count("\n") == 1 + 5  # header, rule, five (algorithm, n) rows
+    assert "| interval | 2 |" in per_algorithm and table in capsys.readouterr().out
 
 
 def test_quick_simulated_sweep_says_so(tmp_path):
@@ -91,6 +95,35 @@ def test_time_to_target_interpolates_between_epoch_ends():
     assert scaling.time_to_target(curve, 0.2) == 2.0  # reached at the first evaluation
     assert scaling.time_to_target(curve, 0.7) is None
     assert scaling.time_to_target([[1.0, None], [2.0, 0.9]], 0.5) == 2.0  # no estimate before
+
+
+def summary_of(times: dict[str, list[float | None]], target: str = "0.5") -> dict:
+    """A summarise()-like entry for each algorithm at 8 threads: its
+    mean ± std time to `target` (None: some seed did not reach it)."""
+    return {algo: {8: {"time_to_target_s": {target: t}, "reached": {target: 2 if t else 1},
+                       "seeds": 2}}
+            for algo, t in times.items()}
+
+
+def test_headline_divides_the_fastest_interval_variant_by_the_fastest_baseline():
+    args = scaling.argparse.Namespace(targets=[0.5])
+    summary = {"0.005": summary_of({"interval": [9.0, 1.0], "interval-decay": [6.0, 0.5],
+                                    "hogwild": [12.0, 2.0], "async-tail": [8.0, 1.0],
+                                    "async": None, "sequential": [5.0, 0.0]})}
+    rows, text = scaling.headline(summary, args)
+    # sequential is no baseline; async did not reach 50% in every seed
+    assert rows == [{"lr": "0.005", "threads": 8, "target": "0.5",
+                     "baseline": ("async-tail", 8.0), "interval": ("interval-decay", 6.0),
+                     "ratio": pytest.approx(0.75), "ratio_to_hogwild": pytest.approx(0.5)}]
+    assert "| 8 | 50% | 9.0 ± 1.0 | 6.0 ± 0.5 | 12.0 ± 2.0 | - (1/2) | async-tail 8.0 | " \
+           "0.75 (interval-decay) | 0.50 |" in text
+
+
+def test_headline_says_when_no_baseline_reached_the_target():
+    summary = {"0.01": summary_of({"interval": [9.0, 1.0], "hogwild": None})}
+    rows, text = scaling.headline(summary, scaling.argparse.Namespace(targets=[0.5]))
+    assert rows[0]["baseline"] is None and rows[0]["ratio"] is None
+    assert "none reached | - | - |" in text
 
 
 def test_from_results_rescores_a_finished_sweep_for_another_target(tmp_path):
@@ -184,17 +217,23 @@ def test_committed_results_load_with_from_results(tmp_path, path):
     doc = scaling.main(["--from-results", str(path), "--targets", "0.5,0.55",
                         "--out-dir", str(tmp_path)])
     assert doc["options"]["targets"] == [0.5, 0.55]
-    lr = scaling.key(saved["options"]["lr"])
-    assert set(doc["summary"]) == {lr}
-    saved_algos = saved.get("summary") or saved["runs"]  # a partial file: its runs so far
-    saved_algos = saved_algos.get(lr, saved_algos)  # newer files: summary by lr first
-    assert set(doc["summary"][lr]) == set(saved_algos)
+    lrs = saved["options"].get("lrs", [saved["options"]["lr"]])
+    assert set(doc["summary"]) == {scaling.key(lr) for lr in lrs}
+    saved_algos = set(saved["runs"])  # a partial file has no summary, newer ones one by lr
+    assert {a for by_algo in doc["summary"].values() for a in by_algo} == saved_algos
     for algo, by_n in saved["runs"].items():
         for n, runs in by_n.items():
-            for seed, (old, new) in enumerate(zip(runs, doc["runs"][algo][n], strict=True)):
-                assert (new["lr"], new["seed"]) == (saved["options"]["lr"], seed)
+            assert len(doc["runs"][algo][n]) == len(runs)
+            for old, new in zip(runs, doc["runs"][algo][n], strict=True):
+                assert new["lr"] == old.get("lr", lrs[0])
+                assert new["final_accuracy"] == old["final_accuracy"]
                 if saved["options"].get("target_accuracy") == 0.5:  # the same number as before
                     assert new["time_to_target_s"]["0.5"] == old["time_to_target_s"]
+            seeds = {}
+            for new in doc["runs"][algo][n]:  # seeds count up per lr
+                assert new["seed"] == seeds.get(new["lr"], 0)
+                seeds[new["lr"]] = new["seed"] + 1
+    assert all(set(row) >= {"threads", "target", "baseline", "ratio"} for row in doc["headline"])
     assert (tmp_path / f"{path.stem}-time-to-target-55.png").exists()
 
 
