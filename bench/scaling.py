@@ -357,7 +357,10 @@ def fastest(by_algo: dict, n: int, target: str,
     that reached `target` at n threads in every seed soonest; None if none."""
     times = [(s[n]["time_to_target_s"][target][0], algo) for algo, s in by_algo.items()
              if pick(algo) and n in s and s[n]["time_to_target_s"][target]]
-    return (min(times)[1], min(times)[0]) if times else None
+    if not times:
+        return None
+    seconds, algo = min(times)
+    return algo, seconds
 
 
 def headline(summary: dict, args: argparse.Namespace) -> tuple[list[dict], str]:
