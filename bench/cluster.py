@@ -64,8 +64,9 @@ sys.path.insert(0, str(REPO / "bench"))
 import scaling  # noqa: E402
 
 from iasgd import data as datasets  # noqa: E402
-from iasgd import engine, metrics, models  # noqa: E402
+from iasgd import engine, files, results  # noqa: E402
 from iasgd.algorithms import ALGORITHMS  # noqa: E402
+from iasgd.nn import models  # noqa: E402
 
 THREADS = 2  # threads of the threaded engine; Ray: THREADS nodes of one thread each
 BYTES_PER_PARAM = 4  # float32
@@ -155,7 +156,7 @@ def config_for(args: argparse.Namespace, fields: dict, seed: int) -> engine.Trai
 def run_one(model: models.Model, data, cfg: engine.TrainConfig, target: float) -> dict:
     """One run's figures (cluster ones None for the threaded engine)."""
     result = engine.train(model, data, cfg)
-    doc = metrics.results_document({}, result, model.num_params)
+    doc = results.results_document({}, result, model.num_params)
     run = {"seed": cfg.seed, "status": str(doc["status"]),
            "train_time_s": doc["train_time_s"], "samples_per_s": doc["samples_per_s"],
            "final_accuracy": doc["final_test_accuracy"], "evals": doc["evals"],
@@ -423,12 +424,12 @@ def main(argv: list[str] | None = None) -> dict:
     if proj is not None:
         text += "\n\n" + projection_text(proj)
     print(text)
-    document = {"options": vars(args), "machine": metrics.machine_info(),
+    document = {"options": vars(args), "machine": results.machine_info(),
                 "date": time.strftime("%Y-%m-%d"), "seconds": time.perf_counter() - t0,
                 "num_params": model.num_params, "summary": summary, "projection": proj,
                 "runs": runs}
-    metrics.write_json_atomic(out.with_suffix(".json"), document)
-    with metrics.replacing(out.with_suffix(".md")) as tmp:
+    files.write_json_atomic(out.with_suffix(".json"), document)
+    with files.replacing(out.with_suffix(".md")) as tmp:
         tmp.write_text(text + "\n")
     print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.md')}")
     return json.loads(out.with_suffix(".json").read_text())  # as the file holds it

@@ -32,8 +32,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from iasgd import kernels as K  # noqa: E402
-from iasgd import models  # noqa: E402
+from iasgd.nn import kernels as K  # noqa: E402
+from iasgd.nn import models  # noqa: E402
 
 LR, MOMENTUM = 0.005, 0.5
 DATASET = "cifar10"
@@ -107,7 +107,8 @@ def side_by_side(runners: list[Callable[[int], None]], batch: int, seconds: floa
 STARTUP_SCRIPT = """
 import time; t0 = time.perf_counter()
 import numpy as np
-from iasgd import models, kernels as K
+from iasgd.nn import models
+from iasgd.nn import kernels as K
 m = models.build("lenet", "cifar10"); p = m.init(0); ws = m.workspace(16)
 images = np.zeros((16, 3072), np.uint8); labels = np.zeros(16, np.int64)
 K.train_steps(K.Weights(p, np.zeros_like(p)), ws.buffers,

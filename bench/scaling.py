@@ -50,8 +50,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from iasgd import data as datasets  # noqa: E402
-from iasgd import engine, metrics, models, sim  # noqa: E402
+from iasgd import engine, files, results  # noqa: E402
 from iasgd.algorithms import VARIANTS, sweep_variant  # noqa: E402
+from iasgd.executors import simulated as sim  # noqa: E402
+from iasgd.nn import models  # noqa: E402
 
 ALGOS = VARIANTS  # sweep name -> TrainConfig fields
 PASSED_THROUGH = ("batch_size", "lr", "momentum", "interval", "gate", "y0", "y_min",
@@ -92,8 +94,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true",
                    help="synthetic data, tiny budget: a smoke test in seconds")
     p.add_argument("--simulate", action="store_true",
-                   help="simulate the threads (iasgd.sim) from measured step times; "
-                        "--time-budget is then in simulated seconds; sequential (one "
+                   help="simulate the threads (iasgd.executors.simulated) from measured step "
+                        "times; --time-budget is then in simulated seconds; sequential (one "
                         "thread, nothing to simulate) is skipped")
     p.add_argument("--sim-cores", type=int, default=None,
                    help="cores the simulated workers share (default: one each)")
@@ -233,7 +235,7 @@ def run_one(model, data, cfg: engine.TrainConfig, targets: list[float],
     else:
         step_time, cores = simulation
         result = sim.simulate(model, data, cfg, step_time, cores=cores)
-    doc = metrics.results_document({}, result, model.num_params)
+    doc = results.results_document({}, result, model.num_params)
     run = {
         "lr": cfg.lr,
         "seed": cfg.seed,
@@ -529,7 +531,7 @@ def run_sweep(args: argparse.Namespace, out: Path) -> tuple[dict, float]:
                                   simulation)
             runs.setdefault(algo, {}).setdefault(n, []).append(run)
             # after every run, so an interrupted sweep loses at most one run
-            metrics.write_json_atomic(partial, {
+            files.write_json_atomic(partial, {
                 "options": sweep_options(args), "runs": runs,
                 "seconds": seconds_before + time.perf_counter() - t_start})
             print(f"{run['samples_per_s']:,.0f} samples/s, "
@@ -637,7 +639,8 @@ def write_report(args: argparse.Namespace, runs: dict, out: Path, facts: dict) -
     headline_rows, headline_text = headline(summary, args)
     text = headline_text + "\n\n" + table(summary, args)
     if args.simulate:
-        text = "SIMULATED (iasgd.sim): times and throughput are simulated\n\n" + text
+        text = ("SIMULATED (iasgd.executors.simulated): times and throughput are "
+                "simulated\n\n" + text)
     print(text)
     document = {"options": dict(vars(args)), "simulated": bool(args.simulate), **facts,
                 "summary": {lr: {a: {str(n): s for n, s in by_n.items()}
@@ -645,7 +648,7 @@ def write_report(args: argparse.Namespace, runs: dict, out: Path, facts: dict) -
                             for lr, by_algo in summary.items()},
                 "headline": headline_rows,
                 "runs": {a: {str(n): rs for n, rs in by_n.items()} for a, by_n in runs.items()}}
-    metrics.write_json_atomic(out.with_suffix(".json"), document)
+    files.write_json_atomic(out.with_suffix(".json"), document)
     out.with_suffix(".md").write_text(text + "\n")
     paths = plot(summary, runs, args, out)
     print(f"wrote {out.with_suffix('.json')}, {out.with_suffix('.md')} and "
@@ -665,7 +668,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.from_results:
         return write_report(args, runs, out, facts)
     runs, seconds = run_sweep(args, out)
-    facts = {"machine": metrics.machine_info(), "date": time.strftime("%Y-%m-%d"),
+    facts = {"machine": results.machine_info(), "date": time.strftime("%Y-%m-%d"),
              "sweep_seconds": seconds}
     document = write_report(args, runs, out, facts)
     out.with_suffix(".partial.json").unlink(missing_ok=True)

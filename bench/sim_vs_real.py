@@ -31,7 +31,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from iasgd import metrics  # noqa: E402
+from iasgd import files  # noqa: E402
 
 
 def runs_at(path: Path, threads: int) -> dict[str, list[dict]]:
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> dict:
     out.parent.mkdir(parents=True, exist_ok=True)
     document = {"real": args.real, "simulated": args.sim, "threads": args.threads,
                 "comparison": comparison}
-    metrics.write_json_atomic(out.with_suffix(".json"), document)
+    files.write_json_atomic(out.with_suffix(".json"), document)
     out.with_suffix(".md").write_text(text + "\n")
     png = plot(comparison, real, simulated, out)
     print(f"wrote {out.with_suffix('.json')}, {out.with_suffix('.md')}"

@@ -23,8 +23,9 @@ import numba as nb
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from iasgd import data as datasets
-from iasgd import engine, models
-from iasgd import gate as G
+from iasgd import engine
+from iasgd.nn import models
+from iasgd.protocol import gate as G
 
 CASES = [  # label, algo, extra config
     ("hogwild", "hogwild", {}),

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from iasgd.models import INPUT_MEAN, INPUT_STD, Conv, Dense, Flatten, Model, Pool, ReLU
+from iasgd.nn.models import INPUT_MEAN, INPUT_STD, Conv, Dense, Flatten, Model, Pool, ReLU
 
 
 class TorchNet(nn.Module):

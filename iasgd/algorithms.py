@@ -1,7 +1,7 @@
 """What algorithms and gate policies exist: one row each. The CLI's choices,
 the configuration's checks, the executors (threads, simulator) and the
 benchmarks read this table; adding an algorithm is a row here and its step
-in iasgd.workers.
+in iasgd.protocol.workers.
 
 A row says which compiled loop runs the algorithm's steps, its code in that
 loop, what bounds its staleness and whether the simulator covers it.
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from iasgd import gate as G
-from iasgd import workers as W
+from iasgd.protocol import gate as G
+from iasgd.protocol import workers as W
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class Algorithm:
     loop: str  # "sequential" (engine), "async" (workers.async_worker), "sync" (workers.sync_worker)
     code: int  # the algorithm's code in its worker loop (-1: none)
     bound: str  # "zero": no staleness; "interval": each interval's y - 1; "none": unbounded
-    simulated: bool  # iasgd.sim covers it
+    simulated: bool  # iasgd.executors.simulated covers it
     help: str
     snapshot: bool = False  # reads a private copy of the parameters (needs (P,) per worker)
 
@@ -56,7 +56,7 @@ ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
 @dataclass(frozen=True)
 class Policy:
     name: str
-    code: int  # iasgd.gate's code
+    code: int  # iasgd.protocol.gate's code
     help: str
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from iasgd import metrics
+from iasgd import files
 from iasgd.results import Snapshot
 
 FORMAT = "iasgd-checkpoint"
@@ -31,7 +31,7 @@ def save(path: str | Path, config: dict, snapshot: Snapshot) -> None:
     """Write the snapshot and the run's configuration to `path`, via a
     temporary file in the same directory and a rename: an interrupted write
     never leaves a half-written checkpoint, and an older one survives."""
-    with metrics.replacing(path) as tmp, h5py.File(tmp, "w") as f:
+    with files.replacing(path) as tmp, h5py.File(tmp, "w") as f:
         f.attrs["format"] = FORMAT
         f.attrs["version"] = VERSION
         f["config"] = json.dumps(config)

@@ -5,13 +5,14 @@ Every module with compiled code decorates its functions with `jit` (or
 
 Cache. numba invalidates a cached function only when its own source file
 changes, not when a function it inlines from another module does (a worker
-loop in workers.py inlines the kernels of kernels.py and the atomics of
-atomics.py): a stale cache would silently run old code. So iasgd's functions
+loop in protocol/workers.py inlines the kernels of nn/kernels.py and the
+atomics of protocol/atomics.py): a stale cache would silently run old code. So iasgd's functions
 are cached in a directory named for a digest of the modules that hold
-compiled code -- those that import numba or this module at module level (found
-by reading them, so a new compiled module is covered without a list to keep) --
+compiled code, in every subfolder -- those that import numba or this module at
+module level (found by reading them, so a new compiled module is covered
+without a list to keep) --
 and of IASGD_PORTABLE_WAIT, which changes the code atomics.py emits. Editing
-run.py or data.py therefore keeps the cache; editing kernels.py empties it.
+run.py or data/loader.py therefore keeps the cache; editing nn/kernels.py empties it.
 
 The directory applies to iasgd's functions only: `jit` sets
 numba.config.CACHE_DIR just while it enables caching on one dispatcher
@@ -48,16 +49,19 @@ FASTMATH = frozenset({"reassoc", "contract", "nsz", "arcp"})
 
 _PACKAGE = Path(__file__).resolve().parent
 # A module-level import of numba or of this module marks a module as holding compiled
-# code (run.py and metrics.py import numba inside functions, for its settings only).
+# code (run.py and results.py import numba inside functions, for its settings only).
 _COMPILED_IMPORT = re.compile(
     r"^(import numba\b|from numba\b|import iasgd\.compiled\b|from iasgd\.compiled\b"
     r"|from iasgd import .*\bcompiled\b)", re.MULTILINE)
 
 
 def compiled_sources(package: Path = _PACKAGE) -> list[Path]:
-    """The modules of `package` that hold compiled code, sorted by name."""
-    return [path for path in sorted(package.glob("*.py"))
-            if _COMPILED_IMPORT.search(path.read_text(encoding="utf-8"))]
+    """The modules of `package` and its subpackages that hold compiled code,
+    sorted by their path inside the package."""
+    return [path for path in sorted(package.rglob("*.py"),
+                                    key=lambda p: p.relative_to(package).as_posix())
+            if "__pycache__" not in path.parts
+            and _COMPILED_IMPORT.search(path.read_text(encoding="utf-8"))]
 
 
 def cache_key(package: Path = _PACKAGE) -> str:
@@ -66,7 +70,7 @@ def cache_key(package: Path = _PACKAGE) -> str:
     digest = hashlib.sha256()
     digest.update(os.environ.get(PORTABLE_WAIT_VARIABLE, "").encode())
     for source in compiled_sources(package):
-        digest.update(source.name.encode())
+        digest.update(source.relative_to(package).as_posix().encode())
         digest.update(source.read_bytes())
     return digest.hexdigest()[:16]
 

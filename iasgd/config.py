@@ -12,13 +12,13 @@ import re
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
-from iasgd import gate as G
 from iasgd import schedules as S
 from iasgd.algorithms import ALGORITHMS, POLICIES
+from iasgd.protocol import gate as G
 
 if TYPE_CHECKING:
     from iasgd.data import Dataset
-    from iasgd.models import Model
+    from iasgd.nn.models import Model
 
 
 class ConfigError(ValueError):
@@ -78,7 +78,7 @@ class TrainConfig:
     tail_amplitude: float = 1.0
     # where the threads run: "threads" (this machine) or "ray" (nodes of
     # `threads` threads each, exchanging updates with a parameter server;
-    # iasgd.cluster)
+    # iasgd.executors.cluster)
     backend: str = "threads"
     nodes: int = 2  # ray: node actors (each trains with `threads` threads)
     sync_every: int = 16  # ray: K, updates a node applies between its exchanges

@@ -4,8 +4,8 @@ compiled kernels and never do tensor arithmetic themselves.
 
 - `sequential` (here): one thread, mini-batch SGD with momentum, the training
   set reshuffled every epoch. Seeded and bit-reproducible.
-- the parallel algorithms: real threads (iasgd.threads), or simulated
-  workers (iasgd.sim, through `simulate`).
+- the parallel algorithms: real threads (iasgd.executors.threads), or simulated
+  workers (iasgd.executors.simulated, through `simulate`).
 """
 
 from __future__ import annotations
@@ -14,12 +14,13 @@ import time
 
 import numpy as np
 
-from iasgd import kernels as K
-from iasgd import metrics
+from iasgd import results
 from iasgd.algorithms import ALGORITHMS
 from iasgd.config import ConfigError, TrainConfig, check_data, eval_points, steps_per_epoch
 from iasgd.data import Dataset
-from iasgd.models import Model
+from iasgd.executors.threads import ThreadedRun, checkpoint_due
+from iasgd.nn import kernels as K
+from iasgd.nn.models import Model
 from iasgd.results import (
     HIST_BINS,
     EpochRecord,
@@ -33,7 +34,6 @@ from iasgd.results import (
     result_meta,
     test_accuracy,
 )
-from iasgd.threads import ThreadedRun, checkpoint_due
 
 __all__ = ["HIST_BINS", "ConfigError", "EpochRecord", "Hooks", "Live", "RunResult", "Snapshot",
            "Status", "TrainConfig", "check_data", "steps_per_epoch", "train"]
@@ -154,7 +154,7 @@ class _SequentialRun:
         r.staleness_hist[0] += step
         record = EpochRecord(
             epoch=self.epoch,
-            train_loss=metrics.mean_step_loss(self.losses[:step], cfg.batch_size, samples),
+            train_loss=results.mean_step_loss(self.losses[:step], cfg.batch_size, samples),
             test_accuracy=test_accuracy(self.model, r.params, self.data, r),
             wall_s=r.train_time_s,
             samples_per_s=samples / max(self.epoch_time, 1e-9),
@@ -175,11 +175,11 @@ def train(model: Model, data: Dataset, cfg: TrainConfig, hooks: Hooks | None = N
     snapshot of the same configuration, on this machine's threads or (with
     cfg.backend "ray") on the Ray cluster at `address` (None: a local one).
     ConfigError on a configuration or data no run can use;
-    iasgd.ray_cluster.ClusterError when the cluster cannot run it."""
+    iasgd.executors.ray_cluster.ClusterError when the cluster cannot run it."""
     cfg.check()
     check_data(model, data, cfg)
     if cfg.backend == "ray":
-        from iasgd.ray_cluster import RayRun  # Ray is an optional extra
+        from iasgd.executors.ray_cluster import RayRun  # Ray is an optional extra
 
         return RayRun(model, data, cfg, resume, address).run(hooks or Hooks(), checkpoint_every)
     runner = ThreadedRun if ALGORITHMS[cfg.algo].parallel else _SequentialRun

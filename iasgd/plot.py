@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from iasgd import metrics
+from iasgd import files
 from iasgd.algorithms import ALGORITHMS, VARIANTS, sweep_variant
 
 EXIT_USAGE = 2
@@ -239,7 +239,7 @@ def draw(runs: list[Run], out: Path) -> None:
 
     fig = figure(runs)
     try:
-        with metrics.replacing(out) as tmp:
+        with files.replacing(out) as tmp:
             fig.savefig(tmp, format=out.suffix[1:].lower(), dpi=100)
     finally:
         plt.close(fig)

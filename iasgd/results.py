@@ -4,17 +4,19 @@ every executor (threads, simulator) uses."""
 
 from __future__ import annotations
 
+import os
+import platform
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from enum import Enum
+from typing import Any
 
 import numpy as np
 
-from iasgd import gate as G
-from iasgd import metrics
-from iasgd import workers as W
 from iasgd.algorithms import staleness_bound
+from iasgd.protocol import gate as G
+from iasgd.protocol import workers as W
 
 HIST_BINS = 1024  # staleness histogram bins; the last one counts every larger tau
 
@@ -72,7 +74,7 @@ class RunResult:
     # [train_time_s, applied, test_accuracy] every eval_every applied updates
     # and at each epoch end (TrainConfig.eval_every > 0 only)
     evals: list[list[float]] = field(default_factory=list)
-    # backend ray: nodes, server, staleness between nodes (iasgd.ray_cluster)
+    # backend ray: nodes, server, staleness between nodes (iasgd.executors.ray_cluster)
     cluster: dict | None = None
 
 
@@ -129,7 +131,7 @@ def test_accuracy(model, params: np.ndarray, data, result: RunResult) -> float:
     t0 = time.perf_counter()
     predictions = model.predict_images(params, data.x_test)
     result.eval_time_s += time.perf_counter() - t0
-    return metrics.accuracy(predictions, data.y_test)
+    return accuracy(predictions, data.y_test)
 
 
 def record_eval(result: RunResult, model, data, params: np.ndarray, *, seconds: float,
@@ -155,7 +157,7 @@ def record_epoch(result: RunResult, model, data, params: np.ndarray, *, epoch: i
         wall_s=end_s,
         samples_per_s=applied * batch_size / max(seconds, 1e-9),
         complete=applied == quota,
-        staleness_hist=metrics.trimmed(hist),
+        staleness_hist=trimmed(hist),
     )
     result.epochs.append(record)
     return record
@@ -178,3 +180,92 @@ def summarize(result: RunResult, algo: str, counters: np.ndarray, state: np.ndar
     result.staleness_max = int(counters[:, W.TAU_MAX].max())
     result.gate_wait_s = total(W.WAIT_NS) / 1e9
     result.max_concurrent_steps = int(probe[W.ACTIVE_MAX])
+
+def mean_step_loss(step_losses: np.ndarray, batch_size: int, samples: int) -> float:
+    """Sample-weighted mean of batch-mean losses (the last batch may be short).
+
+    step_losses: (S,) batch means of S consecutive steps covering `samples`
+    samples, all batches of `batch_size` but possibly the last.
+    """
+    steps = step_losses.size
+    if steps == 0:
+        return float("nan")
+    weights = np.full(steps, float(batch_size))
+    weights[-1] = samples - batch_size * (steps - 1)
+    return float(np.dot(step_losses, weights) / samples)
+
+
+
+def accuracy(predictions: np.ndarray, labels: np.ndarray) -> float:
+    """Fraction of predictions equal to labels, in [0, 1]."""
+    return float(np.mean(predictions == labels)) if labels.size else float("nan")
+
+
+
+def machine_info() -> dict[str, Any]:
+    """Where a result was measured."""
+    import numba
+
+    return {
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "numba": numba.__version__,
+    }
+
+
+
+def results_document(config: dict[str, Any], result: Any, num_params: int) -> dict[str, Any]:
+    """The results JSON of a run: configuration, status, per-epoch records and
+    run-wide throughput."""
+    epochs = [asdict(e) for e in result.epochs]
+    accuracies = [e["test_accuracy"] for e in epochs]
+    hist = result.staleness_hist
+    applied = int(hist.sum())
+    seconds = result.train_time_s
+    return {
+        "config": config,
+        "status": result.status,
+        "diverged_at": result.diverged_at,
+        "num_params": num_params,
+        "epochs": epochs,
+        "train_time_s": result.train_time_s,
+        "eval_time_s": result.eval_time_s,
+        "samples": result.samples,
+        "samples_per_s": result.samples / seconds if seconds > 0 else 0.0,
+        "updates_per_s": result.applied / seconds if seconds > 0 else 0.0,
+        "computed": result.computed,
+        "applied": result.applied,
+        "dropped": result.dropped,
+        "intervals": result.intervals,
+        "acceptance_rate": result.applied / result.computed if result.computed else 1.0,
+        "staleness": {
+            "hist": trimmed(hist),
+            "mean": float(np.dot(np.arange(hist.size), hist) / applied) if applied else 0.0,
+            "max": result.staleness_max,
+            "bound": result.staleness_bound,
+        },
+        "gate_wait_s": result.gate_wait_s,
+        "gil_fraction": result.gil_fraction,
+        "max_concurrent_steps": result.max_concurrent_steps,
+        "bound_violations": result.bound_violations,
+        "loss_first": result.loss_first,
+        "interval_trace": result.interval_trace,
+        "threads_trace": result.threads_trace,
+        "probe_log": result.probe_log,
+        "evals": result.evals,
+        "backend": (result.cluster or {}).get("backend", "threads"),
+        "cluster": result.cluster,
+        "final_test_accuracy": accuracies[-1] if accuracies else None,
+        "best_test_accuracy": max(accuracies) if accuracies else None,
+        "machine": machine_info(),
+    }
+
+
+
+def trimmed(hist: np.ndarray) -> list[int]:
+    """A histogram as a list without its trailing zero bins."""
+    nonzero = np.flatnonzero(hist)
+    return hist[: nonzero[-1] + 1].tolist() if nonzero.size else []

@@ -18,10 +18,13 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
-from iasgd import checkpoints, engine, metrics, models, schedules, sim, workers
+from iasgd import checkpoints, engine, files, results, schedules
 from iasgd import data as datasets
 from iasgd.algorithms import ALGORITHMS, POLICIES
 from iasgd.config import BACKENDS, ConfigError
+from iasgd.executors import simulated as sim
+from iasgd.nn import models
+from iasgd.protocol import workers
 
 EXIT_USAGE = 2
 EXIT_FAILED = 1
@@ -283,7 +286,7 @@ def _check_ray(args: argparse.Namespace) -> None:
         raise UsageError("--backend ray needs Ray, which is not installed: "
                          "pip install -e '.[ray]'")
     if args.address not in (None, "auto"):
-        from iasgd.ray_cluster import UnreachableClusterError, check_reachable
+        from iasgd.executors.ray_cluster import UnreachableClusterError, check_reachable
 
         try:
             check_reachable(args.address)
@@ -500,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def simulate_and_report(args: argparse.Namespace, model: models.Model, data: datasets.Dataset,
                         display: Display) -> int:
-    """--simulate: the run's staleness and loss from iasgd.sim; times simulated."""
+    """--simulate: the run's staleness and loss from iasgd.executors.simulated; times simulated."""
     measured = sim.measure_step_times(model, data, args.batch_size)
     display.compiled()
     if args.sim_step_spread is None:
@@ -513,11 +516,11 @@ def simulate_and_report(args: argparse.Namespace, model: models.Model, data: dat
     result = sim.simulate(model, data, train_config(args), step_time, cores=cores)
     for record in result.epochs:
         display.epoch_end(record)
-    document = metrics.results_document(run_config(args), result, model.num_params)
+    document = results.results_document(run_config(args), result, model.num_params)
     document["simulated"] = {"cores": cores, "step_times": how,
                              "step_time_mean_s": float(measured.mean()),
                              "note": "wall times and throughput are simulated, not measured"}
-    metrics.write_json_atomic(args.out, document)
+    files.write_json_atomic(args.out, document)
     report(display, document, args.out)
     return diverged_exit(result, args)
 
@@ -617,9 +620,9 @@ def train_and_report(args: argparse.Namespace, model: models.Model, data: datase
     except RuntimeError as e:  # a worker or every node failed; the others have stopped
         print(f"iasgd: error: {e}", file=sys.stderr)
         return getattr(e, "exit_code", EXIT_FAILED)  # a cluster never reached: 2
-    document = metrics.results_document(config, result, model.num_params)
+    document = results.results_document(config, result, model.num_params)
     document["checkpoint"] = saved[-1] if saved else None
-    metrics.write_json_atomic(args.out, document)
+    files.write_json_atomic(args.out, document)
     report(display, document, args.out)
     if result.status == "interrupted":
         where = (f"checkpoint in {checkpoint_path}, results so far in {args.out}; continue "

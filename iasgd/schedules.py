@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from iasgd import gate as G
 from iasgd.algorithms import ALGORITHMS
+from iasgd.protocol import gate as G
 
 if TYPE_CHECKING:
     from iasgd.config import TrainConfig
@@ -50,7 +50,7 @@ class LossMonitor:
     """Smoothed training loss from a ring buffer that workers fill.
 
     Workers write each applied step's loss at ring[pos % size] with pos from
-    an atomic counter (iasgd.workers); this class only reads, so it never
+    an atomic counter (iasgd.protocol.workers); this class only reads, so it never
     stops them. `window_mean()` is the mean of the last `size` losses (fewer
     at the start); `ema()` an exponential moving average with weight `alpha`
     per step over the losses written since the previous call.

@@ -9,8 +9,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from iasgd import checkpoints, engine, models
+from iasgd import checkpoints, engine
 from iasgd import data as datasets
+from iasgd.nn import models
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import numba
 import pytest
 
 from iasgd import compiled
-from iasgd import kernels as K
+from iasgd.nn import kernels as K
 
 PACKAGE = Path(compiled.__file__).parent
 
@@ -33,36 +33,48 @@ def append_comment(path: Path) -> None:
 
 
 def test_compiled_sources_are_the_modules_with_compiled_code() -> None:
-    names = {path.name for path in compiled.compiled_sources()}
-    assert {"atomics.py", "compiled.py", "gate.py", "kernels.py", "workers.py"} <= names
-    assert not names & {"run.py", "data.py", "models.py", "engine.py", "__init__.py"}
+    names = {path.relative_to(PACKAGE).as_posix() for path in compiled.compiled_sources()}
+    assert {"protocol/atomics.py", "compiled.py", "protocol/gate.py", "nn/kernels.py",
+            "protocol/workers.py"} <= names
+    assert not names & {"run.py", "data/loader.py", "nn/models.py", "engine.py", "__init__.py",
+                        "executors/threads.py", "executors/simulated.py"}
 
 
 def test_every_compiled_module_takes_its_flags_from_here() -> None:
-    for path in PACKAGE.glob("*.py"):
+    for path in PACKAGE.rglob("*.py"):
         if path.name != "compiled.py":
-            assert not re.search(r"\bnjit\(|\bjit\(", path.read_text()), path.name
+            assert not re.search(r"\bnjit\(|\bjit\(", path.read_text()), path
 
 
 def test_editing_a_plain_module_keeps_the_key(package_copy: Path) -> None:
     key = compiled.cache_key(package_copy)
     assert key == compiled.cache_key(PACKAGE)
-    for name in ("run.py", "data.py", "models.py", "__init__.py"):
+    for name in ("run.py", "data/loader.py", "nn/models.py", "__init__.py",
+                 "executors/threads.py"):
         append_comment(package_copy / name)
     assert compiled.cache_key(package_copy) == key
 
 
-@pytest.mark.parametrize("name", ["kernels.py", "workers.py", "gate.py", "atomics.py",
-                                  "compiled.py"])
+@pytest.mark.parametrize("name", ["nn/kernels.py", "protocol/workers.py", "protocol/gate.py",
+                                  "protocol/atomics.py", "compiled.py"])
 def test_editing_a_compiled_module_changes_the_key(name: str, package_copy: Path) -> None:
     key = compiled.cache_key(package_copy)
     append_comment(package_copy / name)
     assert compiled.cache_key(package_copy) != key
 
 
-def test_a_new_module_with_compiled_code_joins_the_key(package_copy: Path) -> None:
+@pytest.mark.parametrize("folder", [".", "nn", "protocol", "a_new_subpackage"])
+def test_a_new_module_with_compiled_code_joins_the_key(folder: str, package_copy: Path) -> None:
     key = compiled.cache_key(package_copy)
-    (package_copy / "extra.py").write_text("from iasgd.compiled import jit\n")
+    (package_copy / folder).mkdir(exist_ok=True)
+    (package_copy / folder / "extra.py").write_text("from iasgd.compiled import jit\n")
+    assert compiled.cache_key(package_copy) != key
+
+
+def test_moving_a_compiled_module_changes_the_key(package_copy: Path) -> None:
+    """The key covers where a compiled module lives, not only what it says."""
+    key = compiled.cache_key(package_copy)
+    (package_copy / "nn" / "kernels.py").rename(package_copy / "protocol" / "kernels.py")
     assert compiled.cache_key(package_copy) != key
 
 
@@ -103,7 +115,9 @@ def test_user_numba_cache_dir_is_respected(tmp_path: Path) -> None:
     probe = tmp_path / "probe.py"  # numba caches only functions defined in a file
     probe.write_text(
         "import json, numba\n"
-        "from iasgd import compiled, kernels, workers\n"
+        "from iasgd import compiled\n"
+        "from iasgd.nn import kernels\n"
+        "from iasgd.protocol import workers\n"
         "theirs = numba.njit(cache=True)(lambda x: x)\n"
         "print(json.dumps([str(compiled.CACHE_DIR), kernels.train_steps._cache._cache_path,\n"
         "                  workers.next_random._cache._cache_path, theirs._cache._cache_path]))\n")

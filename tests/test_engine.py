@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from iasgd import data as datasets
-from iasgd import engine, metrics, models
+from iasgd import engine, files, results
+from iasgd.nn import models
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 SHARED_CIFAR10 = SHARED_DATA / "cifar-10-jpeg-python.tar.gz"
@@ -78,7 +79,7 @@ def test_hooks_see_every_epoch_and_progress(synthetic):
 
 def test_mean_step_loss_weights_the_short_last_batch():
     # batches of 4, 4 and 2 samples
-    assert metrics.mean_step_loss(np.array([1.0, 2.0, 4.0]), 4, 10) == pytest.approx(
+    assert results.mean_step_loss(np.array([1.0, 2.0, 4.0]), 4, 10) == pytest.approx(
         (4 + 8 + 8) / 10)
 
 
@@ -114,7 +115,7 @@ def test_divergence_stops_the_run_and_says_where(synthetic, algo):
 
 def test_nan_is_written_as_null(tmp_path):
     path = tmp_path / "r.json"
-    metrics.write_json_atomic(path, {"a": float("nan"), "b": [1.0, float("inf")]})
+    files.write_json_atomic(path, {"a": float("nan"), "b": [1.0, float("inf")]})
     assert path.read_text().split() == ["{", '"a":', "null,", '"b":', "[", "1.0,", "null", "]",
                                         "}"]
 

@@ -10,8 +10,10 @@ import dataclasses
 import pytest
 from test_checkpoints import interrupted_then_resumed
 
-from iasgd import config, engine, metrics, models, sim
+from iasgd import config, engine, results
 from iasgd import data as datasets
+from iasgd.executors import simulated as sim
+from iasgd.nn import models
 
 N_TRAIN = 2000
 
@@ -66,7 +68,7 @@ def test_threads_evaluate_at_each_boundary_outside_the_clock(synthetic, lenet, a
     assert result.applied == 2 * quota and result.bound_violations == 0
     # eight evaluations inside the epochs: none of their time is training time
     assert result.eval_time_s > 0
-    doc = metrics.results_document({}, result, lenet.num_params)
+    doc = results.results_document({}, result, lenet.num_params)
     assert doc["evals"] == result.evals
 
 

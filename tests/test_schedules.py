@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from iasgd import data as datasets
-from iasgd import engine, models
+from iasgd import engine
 from iasgd import schedules as S
+from iasgd.nn import models
 
 # ------------------------------------------------------------ loss monitor
 

@@ -1,0 +1,209 @@
+"""Load a dataset by name: CIFAR-10, CIFAR-100, Fashion-MNIST or a synthetic set.
+
+Every dataset is a :class:`Dataset` holding ``x`` as uint8 ``(N, C, H, W)`` (C-contiguous)
+and ``y`` as int64 ``(N,)``.  Real datasets come from their official files (an archive or,
+for Fashion-MNIST, four idx files), which are looked up locally and otherwise downloaded.
+The first load converts them to ``<data_dir>/<name>.h5``; later loads read that cache,
+which takes a fraction of a second.
+
+What each dataset is (shape, classes, files, checksums, parser) is declared in
+iasgd.data.registry; this module finds or downloads its files and goes through the cache
+(iasgd.data.cache).  The parsers (iasgd.data.formats), the cache and this module are the only
+ones in ``iasgd`` that do file or network I/O.  Every problem with the data (missing,
+corrupt, unexpected layout) is raised as :class:`DataError`, whose message is one line
+saying what is wrong and what to do.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import os
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO
+
+from tqdm import tqdm
+
+from iasgd.data import cache as h5cache
+from iasgd.data.cache import CACHE_FORMAT_VERSION
+from iasgd.data.registry import DATASETS, DatasetSpec, RemoteFile
+from iasgd.data.synthetic import synthetic
+from iasgd.data.types import DataError, Dataset, one_line
+from iasgd.files import replacing
+
+__all__ = ["CACHE_FORMAT_VERSION", "DATASETS", "DATA_DIR_ENV",
+           "DataError", "Dataset", "DatasetSpec", "load", "resolve_data_dir", "synthetic"]
+
+DATA_DIR_ENV = "IASGD_DATA"
+
+_CHUNK_BYTES = 1 << 20
+
+
+def resolve_data_dir(data_dir: str | Path | None) -> Path:
+    """The data directory: data_dir if given, else $IASGD_DATA if set, else ./data (absolute)."""
+    if data_dir is None or str(data_dir) == "":
+        data_dir = os.environ.get(DATA_DIR_ENV) or "data"
+    return Path(data_dir).expanduser().absolute()
+
+
+def load(name: str, data_dir: str | Path | None = None, archive: str | Path | None = None,
+         progress: bool = True) -> Dataset:
+    """Load dataset `name` (one of DATASETS), from the HDF5 cache when it is current.
+
+    archive: the source to use instead of the official file name in data_dir: for an
+    "archive" dataset (CIFAR) the archive in the official layout (any file name, any
+    checksum), for a "directory" dataset (fashion-mnist) a directory holding its files.
+    progress: show download progress and say when the cache is built (on stderr).  The
+    cache is skipped, with a warning, when data_dir is not writable.
+    """
+    spec = DATASETS.get(name)
+    if spec is None:
+        raise DataError(f"unknown dataset {name!r}: choose one of {', '.join(DATASETS)}")
+    if spec.generate is not None:
+        return spec.generate()
+    root = resolve_data_dir(data_dir)
+    cache = root / spec.cache_name
+    sources = _find_local_sources(spec, root, archive)
+    if cache.exists():
+        dataset = h5cache.load_if_current(spec, cache, sources)
+        if dataset is not None:
+            return dataset
+    if sources is None:
+        sources = _download_sources(spec, root, progress)
+    if progress:
+        origin = sources[0] if len(sources) == 1 else f"{sources[0].parent}/"
+        print(f"iasgd: converting {name} from {origin} to {cache} (only once)",
+              file=sys.stderr)
+    dataset = _parse_sources(spec, sources)
+    h5cache.write_or_warn(cache, dataset, h5cache.sha256_of_files(sources),
+                          h5cache.fingerprint(sources))
+    return dataset
+
+
+def _parse_sources(spec: DatasetSpec, sources: Sequence[Path]) -> Dataset:
+    """Read the dataset from its official files with its declared parser."""
+    assert spec.parse is not None  # every file-backed spec declares one
+    return spec.parse(spec, sources)
+
+
+# --------------------------------------------------------------------------------------
+# Finding the official files on disk
+# --------------------------------------------------------------------------------------
+
+
+def _find_local_sources(spec: DatasetSpec, root: Path, archive: str | Path | None
+                        ) -> list[Path] | None:
+    """Source files of `spec` already on disk (no download), or None when there are none.
+
+    An explicit `archive` must exist; files found locally are used whatever their checksum,
+    since the user (or a distribution package) put them there on purpose.
+    """
+    if spec.source == "directory":
+        return _find_directory_files(spec, root, archive)
+    if archive is not None:
+        path = Path(archive).expanduser()
+        if not path.is_file():
+            raise DataError(f"archive {path} does not exist or is not a file: pass the "
+                            f"{spec.files_label}")
+        return [path]
+    path = root / spec.files[0].name
+    return [path] if path.is_file() else None
+
+
+def _find_directory_files(spec: DatasetSpec, root: Path, archive: str | Path | None
+                          ) -> list[Path] | None:
+    """All files of a "directory" dataset, from `archive` (a directory), else
+    <root>/<name>/, else spec.system_dirs; None when no place has them all."""
+    if archive is not None:
+        directory = Path(archive).expanduser()
+        if not directory.is_dir():
+            raise DataError(f"archive {directory} must be a directory holding the "
+                            f"{spec.files_label} ({spec.files[0].name}, ...)")
+        files = _files_in(directory, spec)
+        if files is None:
+            names = ", ".join(remote.name for remote in spec.files)
+            raise DataError(f"{directory} does not hold all {spec.files_label} "
+                            f"({names}; gzipped or not): put them there")
+        return files
+    for directory in (root / spec.name, *spec.system_dirs):
+        files = _files_in(directory, spec)
+        if files is not None:
+            return files
+    return None
+
+
+def _files_in(directory: Path, spec: DatasetSpec) -> list[Path] | None:
+    """The files of spec in directory, in spec.files order, or None unless all are there."""
+    found = [_file_in(directory, remote.name) for remote in spec.files]
+    present = [path for path in found if path is not None]
+    return present if len(present) == len(found) else None
+
+
+def _file_in(directory: Path, gz_name: str) -> Path | None:
+    """directory/gz_name, else its uncompressed twin (name without .gz), else None."""
+    for candidate in (directory / gz_name, directory / gz_name.removesuffix(".gz")):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+# --------------------------------------------------------------------------------------
+# Downloading them
+# --------------------------------------------------------------------------------------
+
+
+def _download_sources(spec: DatasetSpec, root: Path, progress: bool) -> list[Path]:
+    """Download the official files of `spec` into root ("directory" datasets: root/<name>),
+    keeping those already there."""
+    if spec.source == "directory":
+        directory = root / spec.name
+        system = f" (or {spec.system_hint})" if spec.system_hint else ""
+        advice = (f"put the {spec.files_label} in {directory}/{system} "
+                  "or pass --archive DIR")
+        return [_file_in(directory, remote.name)
+                or _download(remote, directory, progress, advice)
+                for remote in spec.files]
+    return [_download(spec.files[0], root, progress, f"put it in {root}/ or pass --archive PATH")]
+
+
+def _download(remote: RemoteFile, directory: Path, progress: bool, advice: str) -> Path:
+    """Download remote into directory/remote.name via a temporary name; check its md5.
+
+    A failed download or a wrong md5 leaves nothing behind and raises DataError(advice).
+    """
+    destination = directory / remote.name
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise DataError(f"cannot create {directory} ({one_line(error)}): {advice}") from error
+    with replacing(destination) as partial:  # renamed into place only if it checks out
+        try:
+            with open(partial, "wb") as out:
+                md5 = _copy_url_to_file(remote.url, out, remote.name, progress)
+        except (urllib.error.URLError, http.client.HTTPException, OSError) as error:
+            raise DataError(f"cannot download {remote.name} from {remote.url} "
+                            f"({one_line(error)}): {advice}") from error
+        if md5 != remote.md5:
+            raise DataError(f"downloaded {remote.name} has md5 {md5}, expected {remote.md5} "
+                            f"(deleted it): retry, or {advice}")
+    return destination
+
+
+def _copy_url_to_file(url: str, out: IO[bytes], label: str, progress: bool) -> str:
+    """Stream url into out with a tqdm bar; return the md5 hex digest of what was written."""
+    md5 = hashlib.md5(usedforsecurity=False)
+    with urllib.request.urlopen(url, timeout=60) as response:
+        headers = getattr(response, "headers", None)
+        length = headers.get("Content-Length") if headers is not None else None
+        total = int(length) if length and str(length).isdigit() else None
+        with tqdm(total=total, unit="B", unit_scale=True, desc=label,
+                  disable=not progress) as bar:
+            while chunk := response.read(_CHUNK_BYTES):
+                out.write(chunk)
+                md5.update(chunk)
+                bar.update(len(chunk))
+    return md5.hexdigest()

@@ -1,0 +1,376 @@
+"""The threads executor: sync, async, hogwild and interval on real threads of
+one machine, sharing one parameter array.
+
+The worker threads are started once, before the clock, and live for the
+whole run, each in one call of a compiled loop (iasgd.protocol.workers) with the GIL
+released. An epoch is an allowance of exactly ceil(N_train / b) tickets
+(iasgd.protocol.gate): the main thread allows them, looks at the run every
+MONITOR_SECONDS while they are applied (progress, divergence, the schedules'
+steering, stop requests) and, once all are written, evaluates while the
+workers sleep. The workers stop themselves at the time budget's deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from iasgd.algorithms import ALGORITHMS, POLICIES
+from iasgd.config import TrainConfig, eval_points, steps_per_epoch
+from iasgd.data import Dataset
+from iasgd.nn import kernels as K
+from iasgd.nn.models import Model
+from iasgd.protocol import gate as G
+from iasgd.protocol import workers as W
+from iasgd.results import (
+    HIST_BINS,
+    Hooks,
+    Live,
+    RunResult,
+    Snapshot,
+    Status,
+    record_epoch,
+    record_eval,
+    restore_result,
+    result_meta,
+    summarize,
+)
+from iasgd.schedules import MONITOR_SECONDS, Controllers, lr_factors
+
+WORKER_NICE = 10  # added to an oversubscribed worker's nice value (Linux)
+
+
+def _yield_to_the_main_thread() -> None:
+    """Lower this worker thread's priority. With more workers than cores the
+    main thread, which steers the run and stops it on Ctrl-C, would otherwise
+    wait behind every runnable worker (measured: no tick for 3 s with 128
+    workers on 2 cores); the workers still share the cores among themselves
+    as before. Linux gives each thread its own nice value; elsewhere, or
+    where the call is refused, nothing changes."""
+    if not sys.platform.startswith("linux"):
+        return
+    tid = threading.get_native_id()
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid)
+                                                 + WORKER_NICE))
+
+
+class Team:
+    """The worker threads of one run and every array they share or own."""
+
+    def __init__(self, model: Model, data: Dataset, cfg: TrainConfig, params: np.ndarray,
+                 control: Controllers):
+        n, P = cfg.threads, model.num_params
+        self.cfg = cfg
+        self.params = params
+        self.velocity = np.zeros_like(params)
+        self.state = control.new_gate()
+        self.ring = control.monitor.ring
+        self.probe = np.zeros(8, np.int64)
+        self.lr_factors = lr_factors(cfg.lr_schedule, HIST_BINS, n)  # tail: ones until sampled
+        # async reads a consistent snapshot into a private copy; sync averages
+        # the rows of one (n, P) gradient array
+        algo = ALGORITHMS[cfg.algo]
+        self.local = np.zeros((n, P if algo.snapshot else 1), np.float32)
+        self.grads = np.zeros((n, P if algo.loop == "sync" else 1), np.float32)
+        self.senses = np.zeros((n, 1), np.int64)
+        self.rngs = np.zeros((n, 1), np.uint64)
+        self.counters = np.zeros((n, W.COUNTER_COLUMNS), np.int64)
+        # this epoch's staleness histogram and loss sum of each worker, folded
+        # into run_hist and the epoch record when the epoch ends
+        self.hist = np.zeros((n, HIST_BINS), np.int64)
+        self.losses = np.zeros((n, 1), np.float64)
+        self.run_hist = np.zeros(HIST_BINS, np.int64)
+        self.plan = W.Plan(max(algo.code, 0), POLICIES[cfg.gate].code, cfg.lr, cfg.momentum)
+        self.shared = W.Shared(self.state, self.probe, self.params, self.velocity,
+                               self.lr_factors, self.ring)
+        images = data.x_train.reshape(data.x_train.shape[0], -1)
+        self.inputs = W.Inputs(images, data.y_train, *model.image_transform)
+        self.own = [W.new_own(model.workspace(cfg.batch_size), self.local[w], self.counters[w],
+                              self.hist[w], self.losses[w], self.rngs[w]) for w in range(n)]
+        self.python_s = np.zeros(n)
+        self.alive_s = np.zeros(n)
+        self.errors: list[tuple[int, BaseException]] = []
+        self.threads: list[threading.Thread] = []
+
+    def warm_up(self) -> None:
+        """Load (or compile) the worker loop before the clock starts: a call
+        on a stopped copy of the gate returns at once."""
+        state, counters = self.state.copy(), self.counters.copy()
+        self.state[G.STOP], self.state[G.LIMIT] = 1, self.state[G.DONE]
+        try:
+            self._call_loop(0)
+        except Exception as err:
+            self.errors.append((0, err))
+        finally:
+            self.state[:], self.counters[:] = state, counters
+        self._raise_first_error()
+
+    def start(self, segment: int) -> None:
+        """Start every worker thread and wait until all are running; they
+        sleep until the first allowance. segment: how often the run was
+        resumed (it seeds the workers' random streams)."""
+        for wid in range(self.cfg.threads):
+            self.rngs[wid] = W.stream_seed(self.cfg.seed, wid, segment)
+        ready = [threading.Event() for _ in range(self.cfg.threads)]
+        self.threads = [threading.Thread(target=self._worker_main, args=(wid, ready[wid]),
+                                         name=f"iasgd-worker-{wid}", daemon=True)
+                        for wid in range(self.cfg.threads)]
+        for t in self.threads:
+            t.start()
+        for event in ready:
+            event.wait()
+
+    def run_until(self, limit: int, on_tick: Callable[[], bool]) -> None:
+        """Allow updates until `limit` applied since the start of the run and
+        return when all are written and recorded, or when the run stopped and
+        every worker has left. on_tick is called every MONITOR_SECONDS and
+        returns True to stop."""
+        G.allow(self.state, limit)
+        timeout_us = int(MONITOR_SECONDS * 1e6)
+        while not G.wait_settled(self.state, timeout_us):
+            if on_tick() or self.errors:
+                G.request_stop(self.state)
+        if G.stopped(self.state):
+            self.join()
+        self._raise_first_error()
+
+    def join(self) -> None:
+        """Stop the workers (they leave at their next check) and wait for them."""
+        G.request_stop(self.state)
+        for t in self.threads:
+            t.join()
+        self.threads = []
+
+    def _raise_first_error(self) -> None:
+        if self.errors:
+            wid, err = self.errors[0]
+            raise RuntimeError(f"worker {wid} failed: {type(err).__name__}: {err}") from err
+
+    def _worker_main(self, wid: int, ready: threading.Event) -> None:
+        t0 = time.perf_counter()
+        inside0 = self.counters[wid, W.STEPS_NS]
+        try:
+            if self.cfg.threads > (os.cpu_count() or 1):
+                _yield_to_the_main_thread()
+            ready.set()
+            self._call_loop(wid)
+        except BaseException as err:  # stop everyone, hand the error to the caller
+            self.errors.append((wid, err))
+            G.abort(self.state)
+        finally:
+            ready.set()
+            alive = time.perf_counter() - t0
+            inside = (self.counters[wid, W.STEPS_NS] - inside0) / 1e9
+            self.alive_s[wid] += alive
+            self.python_s[wid] += max(alive - inside, 0.0)
+
+    def _call_loop(self, wid: int) -> None:
+        if ALGORITHMS[self.cfg.algo].loop == "sync":
+            W.sync_worker(wid, self.cfg.threads, self.plan, self.shared, self.inputs,
+                          self.own[wid], self.grads, self.senses[wid])
+        else:
+            W.async_worker(wid, self.plan, self.shared, self.inputs, self.own[wid])
+
+    def steer(self, control: Controllers, now: float) -> None:
+        """Let the schedules look at this team's run and steer it."""
+        control.step(now, self.total(W.APPLIED), int(self.probe[W.LOSS_POS]), self.state,
+                     self.lr_factors, lambda: self.run_hist + self.hist.sum(axis=0))
+
+    def end_epoch_stats(self) -> tuple[np.ndarray, float]:
+        """Fold this epoch's per-worker histograms into the run's; reset them
+        and the loss sums. Returns the epoch's histogram and loss sum."""
+        epoch_hist, loss_sum = self.hist.sum(axis=0), float(self.losses.sum())
+        self.run_hist += epoch_hist
+        self.hist[:] = 0
+        self.losses[:] = 0
+        return epoch_hist, loss_sum
+
+    def total(self, column: int) -> int:
+        return int(self.counters[:, column].sum())
+
+    def live(self, applied_before: int, seconds: float) -> Live:
+        applied = self.total(W.APPLIED)
+        y = int(self.state[G.Y]) if ALGORITHMS[self.cfg.algo].bound == "interval" else None
+        m = int(self.state[G.M]) if self.cfg.threads_schedule != "fixed" else None
+        return Live(updates_per_s=(applied - applied_before) / max(seconds, 1e-9), y=y,
+                    mean_tau=self.total(W.TAU_SUM) / max(applied, 1), m=m)
+
+
+class ThreadedRun:
+    """A parallel algorithm with cfg.threads worker threads. A snapshot taken
+    between epochs or after a stop holds every shared array, counter and
+    controller state; a resumed run continues from there (its thread
+    interleaving, and so its exact numbers, differ)."""
+
+    TEAM_ARRAYS = ("params", "velocity", "state", "probe", "counters", "hist", "losses",
+                   "run_hist", "senses", "lr_factors", "ring")
+
+    def __init__(self, model: Model, data: Dataset, cfg: TrainConfig,
+                 resume: Snapshot | None = None):
+        self.model, self.data, self.cfg = model, data, cfg
+        self.quota = steps_per_epoch(data.x_train.shape[0], cfg.batch_size)
+        self.result = RunResult(status=Status.COMPLETED)
+        self.control = Controllers(cfg, self.quota, self.result)
+        self.team = Team(model, data, cfg, model.init(cfg.seed), self.control)
+        self.epoch, self.epoch_time, self.segment = 1, 0.0, 0
+        if resume is not None:
+            self._restore(resume)
+        self.result.params = self.team.params
+
+    def _restore(self, snap: Snapshot) -> None:
+        team, meta = self.team, snap.meta
+        for name in self.TEAM_ARRAYS:
+            getattr(team, name)[...] = snap.arrays[name]
+        # the stop that ended the last segment, and its deadline, are over
+        team.state[[G.STOP, G.EXPIRED, G.DEADLINE, G.ABORT]] = 0
+        team.state[G.BARRIER_COUNT] = 0  # a stop leaves sync between rounds
+        team.senses[:] = team.state[G.BARRIER_SENSE]
+        self.epoch, self.epoch_time = meta["epoch"], meta["epoch_time"]
+        self.segment = meta["segment"] + 1
+        restored = restore_result(meta["result"], team.params, team.run_hist)
+        vars(self.result).update(vars(restored))
+        self.result.status = Status.COMPLETED
+        self.control.restore(meta["control"])
+
+    def snapshot(self) -> Snapshot:
+        arrays = {name: getattr(self.team, name) for name in self.TEAM_ARRAYS}
+        meta = {"epoch": self.epoch, "epoch_time": self.epoch_time, "segment": self.segment,
+                "result": result_meta(self.result), "control": self.control.state()}
+        return Snapshot(arrays, meta)
+
+    def run(self, hooks: Hooks, checkpoint_every: int = 0) -> RunResult:
+        self.team.warm_up()
+        self.team.start(self.segment)
+        try:
+            result = self._epochs(hooks, checkpoint_every)
+        finally:
+            self.team.join()
+        self._finish()
+        return result
+
+    def _epochs(self, hooks: Hooks, checkpoint_every: int) -> RunResult:
+        cfg, team, control, r = self.cfg, self.team, self.control, self.result
+        while self.epoch <= cfg.epochs:
+            start = (self.epoch - 1) * self.quota  # applied updates before this epoch
+            hooks.on_epoch_start(self.epoch, self.quota * cfg.batch_size)
+            # the epoch's start on the training clock; each evaluation inside
+            # the epoch moves it on by its own duration
+            clock = [time.perf_counter() - self.epoch_time]
+            reason: list[str] = []
+
+            def tick(clock: list = clock, start: int = start, reason: list = reason) -> bool:
+                # a stop first: with many threads per core this thread may
+                # get a core only every few hundred ms
+                why = hooks.should_stop()
+                if why:
+                    reason.append(why)
+                    return True
+                elapsed = time.perf_counter() - clock[0]
+                if not K.all_finite(team.params):  # a loss can stay finite on dead units
+                    G.mark_diverged(team.state)
+                team.steer(control, r.train_time_s + elapsed)
+                hooks.on_progress((team.total(W.APPLIED) - start) * cfg.batch_size,
+                                  team.live(start, elapsed))
+                if cfg.over_budget(r.train_time_s + elapsed):  # if no worker could see it
+                    reason.append(Status.TIME_BUDGET)
+                    return True
+                return False
+
+            team.steer(control, r.train_time_s)
+            if cfg.time_budget is not None:  # the workers stop themselves on time
+                spent = r.train_time_s + time.perf_counter() - clock[0]
+                team.state[G.DEADLINE] = time.monotonic_ns() + int(
+                    (cfg.time_budget - spent) * 1e9)
+            end = self.epoch * self.quota
+            for limit in eval_points(int(team.state[G.DONE]), end, cfg.eval_every):
+                team.run_until(limit, tick)
+                if limit == end:
+                    break
+                # a boundary reached is evaluated even if a stop came with it (a
+                # resume goes on after it), but not when the budget ran out there:
+                # the cut epoch's record is that evaluation
+                reached = (int(team.state[G.DONE]) == limit and not team.state[G.EXPIRED]
+                           and Status.TIME_BUDGET not in reason)
+                if (reached and not self._evaluate_inside_epoch(clock)) or reason \
+                        or G.stopped(team.state):
+                    break
+            self.epoch_time = time.perf_counter() - clock[0]
+            if team.state[G.EXPIRED] and not reason:
+                reason.append(Status.TIME_BUDGET)
+            if not K.all_finite(team.params):
+                G.mark_diverged(team.state)
+            applied = team.total(W.APPLIED) - start
+            if team.state[G.DIVERGED]:
+                r.status = Status.DIVERGED
+                r.diverged_at = {"epoch": self.epoch, "step": applied + 1}
+            elif reason:
+                r.status = reason[0]
+            if r.status not in (Status.COMPLETED, Status.TIME_BUDGET, Status.DIVERGED):
+                self._finish()
+                hooks.on_checkpoint(self.snapshot())  # mid-epoch: resume continues here
+                return r
+            if r.status == Status.TIME_BUDGET:  # before the cut epoch is recorded: a resume ends it
+                self._finish()
+                hooks.on_checkpoint(self.snapshot())
+            if self.epoch == 1:
+                control.end_of_first_epoch(int(team.probe[W.LOSS_POS]))
+            self._record_epoch(hooks, applied)
+            if r.status != Status.COMPLETED:
+                break
+            self.epoch, self.epoch_time = self.epoch + 1, 0.0
+            if checkpoint_due(self.epoch, cfg.epochs, checkpoint_every):
+                self._finish()
+                hooks.on_checkpoint(self.snapshot())
+        self._finish()
+        return r
+
+    def _evaluate_inside_epoch(self, clock: list[float]) -> bool:
+        """At an eval_every boundary, with every allowed update written and
+        the workers asleep: append the test accuracy to result.evals and move
+        the training clock (clock[0], the epoch's start) and the workers'
+        deadline on by the time it took. False if the parameters diverged."""
+        team, r = self.team, self.result
+        t = time.perf_counter()
+        if not K.all_finite(team.params):
+            G.mark_diverged(team.state)
+            return False
+        record_eval(r, self.model, self.data, team.params,
+                    seconds=r.train_time_s + t - clock[0], applied=int(team.state[G.DONE]))
+        spent = time.perf_counter() - t
+        clock[0] += spent
+        if self.cfg.time_budget is not None:
+            team.state[G.DEADLINE] += int(spent * 1e9)
+        return True
+
+    def _record_epoch(self, hooks: Hooks, applied: int) -> None:
+        r, team = self.result, self.team
+        r.train_time_s += self.epoch_time
+        r.samples += applied * self.cfg.batch_size
+        hist, loss_sum = team.end_epoch_stats()
+        record = record_epoch(r, self.model, self.data, team.params, epoch=self.epoch,
+                              applied=applied, quota=self.quota,
+                              batch_size=self.cfg.batch_size, seconds=self.epoch_time,
+                              loss_sum=loss_sum, hist=hist, end_s=r.train_time_s)
+        if self.cfg.eval_every:
+            record_eval(r, self.model, self.data, team.params, seconds=r.train_time_s,
+                        applied=int(team.state[G.DONE]), accuracy=record.test_accuracy)
+        hooks.on_epoch_end(record)
+
+    def _finish(self) -> None:
+        """Bring the run-wide figures of the result up to date."""
+        team, r = self.team, self.result
+        self.control.logs()
+        summarize(r, self.cfg.algo, team.counters, team.state, team.run_hist, team.probe)
+        r.gil_fraction = float(team.python_s.sum() / max(team.alive_s.sum(), 1e-9))
+
+
+def checkpoint_due(next_epoch: int, epochs: int, every: int) -> bool:
+    """A checkpoint every `every` epochs (0: none) and after the last one."""
+    return next_epoch > epochs or (every > 0 and (next_epoch - 1) % every == 0)

@@ -1,0 +1,1105 @@
+"""Compiled forward/backward kernels for small CNNs and MLPs.
+
+Every function here is a pure function on arrays, compiled by numba with the GIL
+released: no I/O, no Python objects, no allocation on the training path. Results
+go into arrays the caller preallocated (a worker's workspace and gradient buffer).
+
+Conventions
+- Activations are float32, C-contiguous, NCHW with a *row stride* S >= the
+  valid width W: a plane is H rows of S floats, of which the first W hold the
+  map and the rest are junk. Dense activations are (N, D).
+- A convolution is k x k (k odd), valid, stride 1 ("same" padding is a pad op
+  in front of it, which models.py inserts). It reads an input of row stride S
+  and writes its output with the *same* row stride ("wide" rows): an (OH, OW) =
+  (H-k+1, W-k+1) result occupies columns ow < OW of (OH, S) rows. This turns the
+  whole plane into one long contiguous loop per kernel row, which LLVM
+  vectorises well; short rows of 10 or 16 would not. Gradients flowing back
+  into a wide plane are zero in the junk columns (every backward guarantees
+  it), so junk never reaches a weight gradient.
+- Weights follow PyTorch: conv (out, in, k, k), dense (out, in).
+
+The whole network is described to the compiled code by one int64 table, the
+*plan* (built by `iasgd.nn.models`): one row per op, in forward order, holding the
+op code, the input and output shapes, and offsets into the flat parameter
+array, the activation workspace and the pooling-index workspace. The columns
+are named below; unused ones are 0.
+"""
+
+from __future__ import annotations
+
+from collections import namedtuple
+
+import numpy as np
+
+from iasgd.compiled import jit_fastmath as jit
+
+# train_steps' arguments in bundles (named tuples, which numba passes as one):
+# params, velocity: (P,) float32; grad: (P,); plan: the int64 plan table;
+# acts, dacts, argmax: the workspace; batch_labels: (b,) int64 scratch;
+# images (M, D) uint8 -> images * scale + shift; labels (M,) int64;
+# order: (M,) int64 permutation; first, count: the steps to run; lr, momentum.
+Weights = namedtuple("Weights", ["params", "velocity"])
+Buffers = namedtuple("Buffers", ["grad", "plan", "acts", "dacts", "argmax", "batch_labels"])
+Images = namedtuple("Images", ["images", "labels", "scale", "shift"])
+Steps = namedtuple("Steps", ["order", "first", "count", "batch_size", "lr", "momentum"])
+
+# Op codes of a plan row.
+OP_CONV = 0     # valid k x k conv: (C, H, W; S) -> (CO, OH, OW; S), weights at WOFF/BOFF
+OP_PAD = 1      # zero border of K pixels: (C, H, W; S) -> (C, H+2K, W+2K; W+2K)
+OP_RELU = 2     # in place on (C, H, W; S) at XOFF == ZOFF
+OP_POOL = 3     # 2x2 max-pool, floor: (C, H, W; S) -> (C, H//2, W//2; W//2); RELU fuses a ReLU
+OP_FLATTEN = 4  # compact copy (C, H, W; S) -> (C*H*W,), only for S > W (S == W is free)
+OP_DENSE = 5    # (C,) -> (CO,), weights at WOFF/BOFF; RELU fuses a ReLU on the output
+OP_NAMES = ("conv", "pad", "relu", "pool", "flatten", "dense")
+
+# Columns of a plan row: input (C, H, W) with row stride S at XOFF; output
+# (CO, OH, OW) with row stride OS at ZOFF (dense tensors: H = W = S = 1); K:
+# kernel size (conv) or border (pad); AOFF: pooling indices; GRAD: 1 if the
+# op's input needs a gradient (an op before it has parameters), else its
+# backward stops at its own weights.
+(P_OP, P_C, P_H, P_W, P_S, P_CO, P_OH, P_OW, P_OS, P_K, P_XOFF, P_ZOFF, P_WOFF, P_BOFF,
+ P_AOFF, P_RELU, P_GRAD) = range(17)
+PLAN_COLUMNS = 17
+
+
+# ---------------------------------------------------------------- convolution
+#
+# One entry point per pass (forward, weight gradient, input gradient) takes any
+# odd kernel size and dispatches: 5x5 and 3x3 have hand-unrolled kernels (the
+# taps live in registers and two channels share every load), any other size a
+# plain loop per tap that is correct and vectorised but slower.
+
+
+@jit
+def conv_forward(x, w, b, out, width):
+    """Valid k x k convolution plus bias, in wide layout.
+
+    x: (N, C, H, S) with valid width `width` <= S; w: (O, C, k, k); b: (O,);
+    out: (N, O, (H-k+1)*S), wide rows (valid columns < width-k+1).
+    """
+    k = w.shape[2]
+    if k == 5:
+        _conv5_forward(x, w, b, out, width)
+    elif k == 3:
+        _conv3_forward(x, w, b, out, width)
+    else:
+        _convk_forward(x, w, b, out, width)
+
+
+@jit
+def conv_backward_weights(x, dout, dw, db, width):
+    """Gradients of a k x k convolution with respect to its weights and bias.
+
+    x: (N, C, H, S) the layer input (valid width `width`); dout: (N, O, OH*S)
+    wide, zero in junk columns; dw: (O, C, k, k) and db: (O,) are overwritten.
+    """
+    k = dw.shape[2]
+    if k == 5:
+        _conv5_backward_weights(x, dout, dw, db, width)
+    elif k == 3:
+        _conv3_backward_weights(x, dout, dw, db, width)
+    else:
+        _convk_backward_weights(x, dout, dw, db, width)
+
+
+@jit
+def conv_backward_input(w, dout, dx, width):
+    """Gradient of a k x k convolution with respect to its input.
+
+    w: (O, C, k, k); dout: (N, O, OH*S) wide, zero in junk columns; dx: (N, C,
+    H, S) is overwritten, zero in its junk columns (>= width).
+    """
+    k = w.shape[2]
+    if k == 5:
+        _conv5_backward_input(w, dout, dx, width)
+    elif k == 3:
+        _conv3_backward_input(w, dout, dx, width)
+    else:
+        _convk_backward_input(w, dout, dx, width)
+
+
+@jit
+def conv5_forward(x, w, b, out):
+    """conv_forward of a 5x5 kernel on a dense (N, C, H, W) input."""
+    conv_forward(x, w, b, out, x.shape[3])
+
+
+@jit
+def conv5_backward_weights(x, dout, dw, db):
+    """conv_backward_weights of a 5x5 kernel on a dense (N, C, H, W) input."""
+    conv_backward_weights(x, dout, dw, db, x.shape[3])
+
+
+@jit
+def conv5_backward_input(w, dout, dx):
+    """conv_backward_input of a 5x5 kernel into a dense (N, C, H, W) input."""
+    conv_backward_input(w, dout, dx, dx.shape[3])
+
+
+@jit
+def _conv5_forward(x, w, b, out, width):
+    N, C, H, S = x.shape
+    O = w.shape[0]
+    L = (H - 5) * S + (width - 4)  # last valid flat position + 1
+    P = (H - 4) * S  # the output plane
+    xf = x.reshape((N, C, H * S))
+    for n in range(N):
+        for o in range(0, O - 1, 2):  # two output channels share every input load
+            a0 = out[n, o, :P]
+            a1 = out[n, o + 1, :P]
+            a0[:] = b[o]
+            a1[:] = b[o + 1]
+            for c in range(C):
+                for kh in range(5):
+                    r = xf[n, c, kh * S:]  # kernel row kh: tap kw reads r[p + kw]
+                    w0, w1, w2, w3, w4 = _taps(w, o, c, kh)
+                    v0, v1, v2, v3, v4 = _taps(w, o + 1, c, kh)
+                    M = _span(L, P, kh == 4 and n == N - 1 and c == C - 1)
+                    for p in range(M):
+                        y0, y1, y2, y3, y4 = r[p], r[p + 1], r[p + 2], r[p + 3], r[p + 4]
+                        a0[p] += w0 * y0 + w1 * y1 + w2 * y2 + w3 * y3 + w4 * y4
+                        a1[p] += v0 * y0 + v1 * y1 + v2 * y2 + v3 * y3 + v4 * y4
+        if O % 2 == 1:
+            o = O - 1
+            a0 = out[n, o, :P]
+            a0[:] = b[o]
+            for c in range(C):
+                for kh in range(5):
+                    r = xf[n, c, kh * S:]
+                    w0, w1, w2, w3, w4 = _taps(w, o, c, kh)
+                    M = _span(L, P, kh == 4 and n == N - 1 and c == C - 1)
+                    for p in range(M):
+                        a0[p] += (w0 * r[p] + w1 * r[p + 1] + w2 * r[p + 2] + w3 * r[p + 3]
+                                  + w4 * r[p + 4])
+
+
+@jit
+def _conv5_backward_weights(x, dout, dw, db, width):
+    N, C, H, S = x.shape
+    O = dw.shape[0]
+    L = (H - 5) * S + (width - 4)
+    xf = x.reshape((N, C, H * S))
+    dw[:] = 0
+    db[:] = 0
+    for n in range(N):
+        for o in range(O):
+            db[o] += _sum(dout[n, o, :L])
+        for o in range(0, O - 1, 2):
+            d0 = dout[n, o, :L]
+            d1 = dout[n, o + 1, :L]
+            for c in range(C):
+                for kh in range(5):
+                    r = xf[n, c, kh * S:]
+                    z = x.dtype.type(0)
+                    a0 = a1 = a2 = a3 = a4 = z
+                    b0 = b1 = b2 = b3 = b4 = z
+                    for p in range(L):
+                        e, f = d0[p], d1[p]
+                        y0, y1, y2, y3, y4 = r[p], r[p + 1], r[p + 2], r[p + 3], r[p + 4]
+                        a0 += e * y0
+                        a1 += e * y1
+                        a2 += e * y2
+                        a3 += e * y3
+                        a4 += e * y4
+                        b0 += f * y0
+                        b1 += f * y1
+                        b2 += f * y2
+                        b3 += f * y3
+                        b4 += f * y4
+                    _add_taps(dw, o, c, kh, a0, a1, a2, a3, a4)
+                    _add_taps(dw, o + 1, c, kh, b0, b1, b2, b3, b4)
+        if O % 2 == 1:
+            o = O - 1
+            d0 = dout[n, o, :L]
+            for c in range(C):
+                for kh in range(5):
+                    r = xf[n, c, kh * S:]
+                    z = x.dtype.type(0)
+                    a0 = a1 = a2 = a3 = a4 = z
+                    for p in range(L):
+                        e = d0[p]
+                        a0 += e * r[p]
+                        a1 += e * r[p + 1]
+                        a2 += e * r[p + 2]
+                        a3 += e * r[p + 3]
+                        a4 += e * r[p + 4]
+                    _add_taps(dw, o, c, kh, a0, a1, a2, a3, a4)
+
+
+@jit
+def _conv5_backward_input(w, dout, dx, width):
+    N, C, H, S = dx.shape
+    O = w.shape[0]
+    L = (H - 5) * S + (width - 4)
+    dxf = dx.reshape((N, C, H * S))
+    dxf[:] = 0
+    # Kernel row kh adds t[i] += sum_k w[o, c, kh, k] * d[i - k] to t = dx[c, kh*S:].
+    # For i >= 4 all five taps exist (d[L:L+4] are junk columns, hence zero),
+    # so one vectorised loop covers i in [4, L+4); i < 4 is the short head.
+    for n in range(N):
+        for c in range(0, C - 1, 2):  # two input channels share every load of d
+            for o in range(O):
+                d = dout[n, o]
+                for kh in range(5):
+                    t0 = dxf[n, c, kh * S:]
+                    t1 = dxf[n, c + 1, kh * S:]
+                    w0, w1, w2, w3, w4 = _taps(w, o, c, kh)
+                    v0, v1, v2, v3, v4 = _taps(w, o, c + 1, kh)
+                    m0 = t0[4:]
+                    m1 = t1[4:]
+                    for j in range(L):
+                        e0, e1, e2, e3, e4 = d[j + 4], d[j + 3], d[j + 2], d[j + 1], d[j]
+                        m0[j] += w0 * e0 + w1 * e1 + w2 * e2 + w3 * e3 + w4 * e4
+                        m1[j] += v0 * e0 + v1 * e1 + v2 * e2 + v3 * e3 + v4 * e4
+                    _input_grad_head(t0, d, w0, w1, w2, w3)
+                    _input_grad_head(t1, d, v0, v1, v2, v3)
+        if C % 2 == 1:
+            c = C - 1
+            for o in range(O):
+                d = dout[n, o]
+                for kh in range(5):
+                    t0 = dxf[n, c, kh * S:]
+                    w0, w1, w2, w3, w4 = _taps(w, o, c, kh)
+                    m0 = t0[4:]
+                    for j in range(L):
+                        m0[j] += (w0 * d[j + 4] + w1 * d[j + 3] + w2 * d[j + 2] + w3 * d[j + 1]
+                                  + w4 * d[j])
+                    _input_grad_head(t0, d, w0, w1, w2, w3)
+
+
+@jit
+def _conv3_forward(x, w, b, out, width):
+    N, C, H, S = x.shape
+    O = w.shape[0]
+    L = (H - 3) * S + (width - 2)
+    P = (H - 2) * S
+    xf = x.reshape((N, C, H * S))
+    for n in range(N):
+        # Four output channels share every input load: 12 taps, 4 accumulators
+        # and 3 inputs fit AVX2's 16 registers, and each vector of inputs feeds
+        # 12 FMAs against 4 loads and 4 stores of accumulators.
+        o = 0
+        while o + 4 <= O:
+            a0 = out[n, o, :P]
+            a1 = out[n, o + 1, :P]
+            a2 = out[n, o + 2, :P]
+            a3 = out[n, o + 3, :P]
+            a0[:] = b[o]
+            a1[:] = b[o + 1]
+            a2[:] = b[o + 2]
+            a3[:] = b[o + 3]
+            for c in range(C):
+                for kh in range(3):
+                    r = xf[n, c, kh * S:]
+                    w0, w1, w2 = _taps3(w, o, c, kh)
+                    u0, u1, u2 = _taps3(w, o + 1, c, kh)
+                    v0, v1, v2 = _taps3(w, o + 2, c, kh)
+                    s0, s1, s2 = _taps3(w, o + 3, c, kh)
+                    M = _span(L, P, kh == 2 and n == N - 1 and c == C - 1)
+                    for p in range(M):
+                        y0, y1, y2 = r[p], r[p + 1], r[p + 2]
+                        a0[p] += w0 * y0 + w1 * y1 + w2 * y2
+                        a1[p] += u0 * y0 + u1 * y1 + u2 * y2
+                        a2[p] += v0 * y0 + v1 * y1 + v2 * y2
+                        a3[p] += s0 * y0 + s1 * y1 + s2 * y2
+            o += 4
+        while o < O:
+            a0 = out[n, o, :P]
+            a0[:] = b[o]
+            for c in range(C):
+                for kh in range(3):
+                    r = xf[n, c, kh * S:]
+                    w0, w1, w2 = _taps3(w, o, c, kh)
+                    M = _span(L, P, kh == 2 and n == N - 1 and c == C - 1)
+                    for p in range(M):
+                        a0[p] += w0 * r[p] + w1 * r[p + 1] + w2 * r[p + 2]
+            o += 1
+
+
+@jit
+def _conv3_backward_weights(x, dout, dw, db, width):
+    N, C, H, S = x.shape
+    O = dw.shape[0]
+    L = (H - 3) * S + (width - 2)
+    P = (H - 2) * S
+    xf = x.reshape((N, C, H * S))
+    dw[:] = 0
+    db[:] = 0
+    z = x.dtype.type(0)
+    for n in range(N):
+        for o in range(O):
+            db[o] += _sum(dout[n, o, :L])
+        # Four output channels share every input load: 12 sums over the plane
+        # (12 independent FMA chains hide the FMA latency), 7 loads per 12 FMAs;
+        # measured 15-25 % faster than two channels at a time.
+        o = 0
+        while o + 4 <= O:
+            d0 = dout[n, o, :P]  # junk columns of dout are zero: see _span
+            d1 = dout[n, o + 1, :P]
+            d2 = dout[n, o + 2, :P]
+            d3 = dout[n, o + 3, :P]
+            for c in range(C):
+                for kh in range(3):
+                    r = xf[n, c, kh * S:]
+                    a0 = a1 = a2 = b0 = b1 = b2 = z
+                    c0 = c1 = c2 = e0 = e1 = e2 = z
+                    for p in range(_span(L, P, kh == 2 and n == N - 1 and c == C - 1)):
+                        y0, y1, y2 = r[p], r[p + 1], r[p + 2]
+                        f0, f1, f2, f3 = d0[p], d1[p], d2[p], d3[p]
+                        a0 += f0 * y0
+                        a1 += f0 * y1
+                        a2 += f0 * y2
+                        b0 += f1 * y0
+                        b1 += f1 * y1
+                        b2 += f1 * y2
+                        c0 += f2 * y0
+                        c1 += f2 * y1
+                        c2 += f2 * y2
+                        e0 += f3 * y0
+                        e1 += f3 * y1
+                        e2 += f3 * y2
+                    _add_taps3(dw, o, c, kh, a0, a1, a2)
+                    _add_taps3(dw, o + 1, c, kh, b0, b1, b2)
+                    _add_taps3(dw, o + 2, c, kh, c0, c1, c2)
+                    _add_taps3(dw, o + 3, c, kh, e0, e1, e2)
+            o += 4
+        while o < O:
+            d0 = dout[n, o, :L]
+            for c in range(C):
+                for kh in range(3):
+                    r = xf[n, c, kh * S:]
+                    a0 = a1 = a2 = z
+                    for p in range(L):
+                        e = d0[p]
+                        a0 += e * r[p]
+                        a1 += e * r[p + 1]
+                        a2 += e * r[p + 2]
+                    _add_taps3(dw, o, c, kh, a0, a1, a2)
+            o += 1
+
+
+@jit
+def _conv3_backward_input(w, dout, dx, width):
+    N, C, H, S = dx.shape
+    O = w.shape[0]
+    L = (H - 3) * S + (width - 2)
+    dxf = dx.reshape((N, C, H * S))
+    dxf[:] = 0
+    # As for 5x5: t[i] += w0 d[i] + w1 d[i-1] + w2 d[i-2] over i in [2, L+2)
+    # (d[L:L+2] are junk columns, zero), plus a head of two.
+    for n in range(N):
+        c = 0
+        while c + 4 <= C:  # four input channels share every load of d
+            for o in range(O):
+                d = dout[n, o]
+                for kh in range(3):
+                    t0 = dxf[n, c, kh * S:]
+                    t1 = dxf[n, c + 1, kh * S:]
+                    t2 = dxf[n, c + 2, kh * S:]
+                    t3 = dxf[n, c + 3, kh * S:]
+                    w0, w1, w2 = _taps3(w, o, c, kh)
+                    u0, u1, u2 = _taps3(w, o, c + 1, kh)
+                    v0, v1, v2 = _taps3(w, o, c + 2, kh)
+                    s0, s1, s2 = _taps3(w, o, c + 3, kh)
+                    m0, m1, m2, m3 = t0[2:], t1[2:], t2[2:], t3[2:]
+                    for j in range(L):
+                        e0, e1, e2 = d[j + 2], d[j + 1], d[j]
+                        m0[j] += w0 * e0 + w1 * e1 + w2 * e2
+                        m1[j] += u0 * e0 + u1 * e1 + u2 * e2
+                        m2[j] += v0 * e0 + v1 * e1 + v2 * e2
+                        m3[j] += s0 * e0 + s1 * e1 + s2 * e2
+                    _input_grad_head3(t0, d, w0, w1)
+                    _input_grad_head3(t1, d, u0, u1)
+                    _input_grad_head3(t2, d, v0, v1)
+                    _input_grad_head3(t3, d, s0, s1)
+            c += 4
+        while c < C:
+            for o in range(O):
+                d = dout[n, o]
+                for kh in range(3):
+                    t0 = dxf[n, c, kh * S:]
+                    w0, w1, w2 = _taps3(w, o, c, kh)
+                    m0 = t0[2:]
+                    for j in range(L):
+                        m0[j] += w0 * d[j + 2] + w1 * d[j + 1] + w2 * d[j]
+                    _input_grad_head3(t0, d, w0, w1)
+            c += 1
+
+
+@jit
+def _convk_forward(x, w, b, out, width):
+    """Any kernel size: one vectorised loop per tap."""
+    N, C, H, S = x.shape
+    O, _, k, _ = w.shape
+    L = (H - k) * S + (width - k + 1)
+    xf = x.reshape((N, C, H * S))
+    for n in range(N):
+        for o in range(O):
+            a = out[n, o, :L]
+            a[:] = b[o]
+            for c in range(C):
+                for kh in range(k):
+                    for kw in range(k):
+                        r = xf[n, c, kh * S + kw:]
+                        t = w[o, c, kh, kw]
+                        for p in range(L):
+                            a[p] += t * r[p]
+
+
+@jit
+def _convk_backward_weights(x, dout, dw, db, width):
+    N, C, H, S = x.shape
+    O, _, k, _ = dw.shape
+    L = (H - k) * S + (width - k + 1)
+    xf = x.reshape((N, C, H * S))
+    dw[:] = 0
+    db[:] = 0
+    for n in range(N):
+        for o in range(O):
+            d = dout[n, o, :L]
+            db[o] += _sum(d)
+            for c in range(C):
+                for kh in range(k):
+                    for kw in range(k):
+                        r = xf[n, c, kh * S + kw:]
+                        s = x.dtype.type(0)
+                        for p in range(L):
+                            s += d[p] * r[p]
+                        dw[o, c, kh, kw] += s
+
+
+@jit
+def _convk_backward_input(w, dout, dx, width):
+    N, C, H, S = dx.shape
+    O, _, k, _ = w.shape
+    L = (H - k) * S + (width - k + 1)
+    dxf = dx.reshape((N, C, H * S))
+    dxf[:] = 0
+    for n in range(N):
+        for c in range(C):
+            for o in range(O):
+                d = dout[n, o, :L]
+                for kh in range(k):
+                    for kw in range(k):
+                        t = dxf[n, c, kh * S + kw:]
+                        v = w[o, c, kh, kw]
+                        for p in range(L):
+                            t[p] += v * d[p]
+
+
+@jit
+def _span(L, P, last):
+    """How far a vectorised loop over a wide plane runs: the valid span L
+    rounded up to whole AVX vectors of 8 when that stays inside the plane of
+    P, so that no scalar tail loop follows (on vgg-small's 16x18 planes the
+    tail cost a fifth of the time). The extra positions are junk columns (and
+    their gradients zero); their reads of the kernel's last row run up to k-1
+    values into the next plane, which exists unless this is the array's last
+    plane (`last`): that one keeps L."""
+    M = (L + 7) // 8 * 8
+    if last or M > P:
+        return L
+    return M
+
+
+@jit
+def _taps3(w, o, c, kh):
+    return w[o, c, kh, 0], w[o, c, kh, 1], w[o, c, kh, 2]
+
+
+@jit
+def _add_taps3(dw, o, c, kh, a0, a1, a2):
+    dw[o, c, kh, 0] += a0
+    dw[o, c, kh, 1] += a1
+    dw[o, c, kh, 2] += a2
+
+
+@jit
+def _input_grad_head3(t, d, w0, w1):
+    """t[i] += sum_{k <= i} w_k d[i - k] for i < 2, where taps fall before d."""
+    t[0] += w0 * d[0]
+    t[1] += w0 * d[1] + w1 * d[0]
+
+
+# ------------------------------------------------------------ pad and flatten
+
+
+@jit
+def pad_forward(x, width, border, out):
+    """Copy x (N, C, H, S), valid width `width`, into the middle of out (N, C,
+    H+2B, width+2B) and zero the border B around it (every element written)."""
+    N, C, H, _ = x.shape
+    for n in range(N):
+        for c in range(C):
+            y = out[n, c]
+            for i in range(border):
+                y[i, :] = 0
+                y[H + border + i, :] = 0
+            for i in range(H):
+                row = y[border + i]
+                row[:border] = 0
+                row[border:border + width] = x[n, c, i, :width]
+                row[border + width:] = 0
+
+
+@jit
+def pad_backward(dout, width, border, dx):
+    """dx (N, C, H, S) = the middle of dout (N, C, H+2B, width+2B); junk
+    columns of dx (>= width) are zeroed."""
+    N, C, H, _ = dx.shape
+    for n in range(N):
+        for c in range(C):
+            for i in range(H):
+                row = dx[n, c, i]
+                row[:width] = dout[n, c, border + i, border:border + width]
+                row[width:] = 0
+
+
+@jit
+def flatten_forward(x, width, out):
+    """out (N, C*H*width) = the valid columns of x (N, C, H, S), in C order."""
+    N, C, H, _ = x.shape
+    for n in range(N):
+        y = out[n]
+        for c in range(C):
+            for i in range(H):
+                base = (c * H + i) * width
+                y[base:base + width] = x[n, c, i, :width]
+
+
+@jit
+def flatten_backward(dout, width, dx):
+    """dx (N, C, H, S) = dout (N, C*H*width) unflattened; junk columns zeroed."""
+    N, C, H, _ = dx.shape
+    for n in range(N):
+        d = dout[n]
+        for c in range(C):
+            for i in range(H):
+                base = (c * H + i) * width
+                dx[n, c, i, :width] = d[base:base + width]
+                dx[n, c, i, width:] = 0
+
+
+@jit
+def _input_grad_head(t, d, w0, w1, w2, w3):
+    """t[i] += sum_{k <= i} w_k d[i - k] for i < 4, where taps fall before d."""
+    t[0] += w0 * d[0]
+    t[1] += w0 * d[1] + w1 * d[0]
+    t[2] += w0 * d[2] + w1 * d[1] + w2 * d[0]
+    t[3] += w0 * d[3] + w1 * d[2] + w2 * d[1] + w3 * d[0]
+
+
+@jit
+def _taps(w, o, c, kh):
+    return w[o, c, kh, 0], w[o, c, kh, 1], w[o, c, kh, 2], w[o, c, kh, 3], w[o, c, kh, 4]
+
+
+@jit
+def _add_taps(dw, o, c, kh, a0, a1, a2, a3, a4):
+    dw[o, c, kh, 0] += a0
+    dw[o, c, kh, 1] += a1
+    dw[o, c, kh, 2] += a2
+    dw[o, c, kh, 3] += a3
+    dw[o, c, kh, 4] += a4
+
+
+@jit
+def _sum(v):
+    s = v.dtype.type(0)
+    for i in range(v.size):
+        s += v[i]
+    return s
+
+
+# ------------------------------------------------------------- 2x2 max-pool
+
+
+@jit
+def relu_maxpool2_forward(z, width, out, argmax):
+    """ReLU of the 2x2 max-pool of a wide map (floor for odd sizes).
+
+    z: (N, C, H*width) with row stride `width`; out: (N, C, H//2, W//2) for the
+    valid width W <= width; argmax: int32, same shape as out, receives the flat
+    index into the wide plane of each window's maximum (first one on ties), for
+    the backward pass.
+    """
+    _maxpool2_forward(z, width, out, argmax, True)
+
+
+@jit
+def maxpool2_forward(z, width, out, argmax):
+    """relu_maxpool2_forward without the ReLU."""
+    _maxpool2_forward(z, width, out, argmax, False)
+
+
+@jit
+def _maxpool2_forward(z, width, out, argmax, relu):
+    N, C, PH, PW = out.shape
+    for n in range(N):
+        for c in range(C):
+            plane = z[n, c]
+            o = out[n, c].reshape(PH * PW)
+            a = argmax[n, c].reshape(PH * PW)
+            for i in range(PH):
+                for j in range(PW):
+                    k = 2 * i * width + 2 * j
+                    best = k
+                    m = plane[k]
+                    for cand in (k + 1, k + width, k + width + 1):
+                        if plane[cand] > m:
+                            best, m = cand, plane[cand]
+                    a[i * PW + j] = best
+                    o[i * PW + j] = max(m, 0) if relu else m
+
+
+@jit
+def relu_maxpool2_backward(dout, out, argmax, dz):
+    """Route pooled gradients back to the window maxima that were positive.
+
+    dout, out, argmax: (N, C, PH, PW); dz: (N, C, H*width) wide, overwritten
+    (zero everywhere else, junk columns included).
+    """
+    _maxpool2_backward(dout, out, argmax, dz, True)
+
+
+@jit
+def maxpool2_backward(dout, out, argmax, dz):
+    """relu_maxpool2_backward without the ReLU: every window's maximum gets it."""
+    _maxpool2_backward(dout, out, argmax, dz, False)
+
+
+@jit
+def _maxpool2_backward(dout, out, argmax, dz, relu):
+    N, C, PH, PW = dout.shape
+    dz[:] = 0
+    for n in range(N):
+        for c in range(C):
+            for i in range(PH):
+                for j in range(PW):
+                    if not relu or out[n, c, i, j] > 0:
+                        dz[n, c, argmax[n, c, i, j]] = dout[n, c, i, j]
+
+
+# --------------------------------------------------------------------- dense
+
+
+@jit
+def dense_forward(a, w, b, out):
+    """out = a @ w.T + b.  a: (N, I); w: (O, I); b: (O,); out: (N, O).
+
+    Four samples at a time share every load of a weight row: the weights
+    (0.5 M of them in vgg-small's head, more than L2) then stream through
+    the cache N/4 times per batch instead of N times.
+    """
+    N, I = a.shape
+    O = w.shape[0]
+    zero = w.dtype.type(0)
+    n = 0
+    while n + 4 <= N:
+        a0, a1, a2, a3 = a[n], a[n + 1], a[n + 2], a[n + 3]
+        for o in range(O):
+            wo = w[o]
+            s0 = s1 = s2 = s3 = zero
+            for i in range(I):
+                t = wo[i]
+                s0 += t * a0[i]
+                s1 += t * a1[i]
+                s2 += t * a2[i]
+                s3 += t * a3[i]
+            out[n, o] = s0 + b[o]
+            out[n + 1, o] = s1 + b[o]
+            out[n + 2, o] = s2 + b[o]
+            out[n + 3, o] = s3 + b[o]
+        n += 4
+    while n < N:
+        an = a[n]
+        for o in range(O):
+            wo = w[o]
+            s = zero
+            for i in range(I):
+                s += wo[i] * an[i]
+            out[n, o] = s + b[o]
+        n += 1
+
+
+@jit
+def dense_backward_weights(a, dout, dw, db):
+    """dw = dout.T @ a, db = sum over rows of dout (both overwritten).
+
+    a: (N, I); dout: (N, O); dw: (O, I); db: (O,). Four samples per pass over
+    a row of dw: one load and store of it per four FMAs.
+    """
+    N, I = a.shape
+    O = dw.shape[0]
+    zero = dw.dtype.type(0)
+    for o in range(O):
+        row = dw[o]
+        row[:] = 0
+        s = zero
+        for n in range(N):
+            s += dout[n, o]
+        db[o] = s
+        n = 0
+        while n + 4 <= N:
+            g0, g1, g2, g3 = dout[n, o], dout[n + 1, o], dout[n + 2, o], dout[n + 3, o]
+            a0, a1, a2, a3 = a[n], a[n + 1], a[n + 2], a[n + 3]
+            for i in range(I):
+                row[i] += g0 * a0[i] + g1 * a1[i] + g2 * a2[i] + g3 * a3[i]
+            n += 4
+        while n < N:
+            g = dout[n, o]
+            an = a[n]
+            for i in range(I):
+                row[i] += g * an[i]
+            n += 1
+
+
+@jit
+def dense_backward_input(w, dout, da):
+    """da = dout @ w (overwritten).  w: (O, I); dout: (N, O); da: (N, I).
+
+    Four weight rows per pass over a row of da, with the rows outermost:
+    the weights stream through the cache once per batch, not once per sample.
+    """
+    N, O = dout.shape
+    I = w.shape[1]
+    da[:] = 0
+    o = 0
+    while o + 4 <= O:
+        w0, w1, w2, w3 = w[o], w[o + 1], w[o + 2], w[o + 3]
+        for n in range(N):
+            row = da[n]
+            g0, g1, g2, g3 = dout[n, o], dout[n, o + 1], dout[n, o + 2], dout[n, o + 3]
+            for i in range(I):
+                row[i] += g0 * w0[i] + g1 * w1[i] + g2 * w2[i] + g3 * w3[i]
+        o += 4
+    while o < O:
+        wo = w[o]
+        for n in range(N):
+            row = da[n]
+            g = dout[n, o]
+            for i in range(I):
+                row[i] += g * wo[i]
+        o += 1
+
+
+@jit
+def relu_inplace(z):
+    """z = max(z, 0), any shape (flat view taken)."""
+    f = z.reshape(z.size)
+    for i in range(f.size):
+        if f[i] < 0:
+            f[i] = 0
+
+
+@jit
+def relu_backward_inplace(dz, z):
+    """dz *= (z > 0), where z holds the ReLU *output*; same shapes."""
+    df = dz.reshape(dz.size)
+    zf = z.reshape(z.size)
+    for i in range(df.size):
+        if zf[i] <= 0:
+            df[i] = 0
+
+
+# -------------------------------------------------------------------- loss
+
+
+@jit
+def softmax_cross_entropy(logits, labels, dlogits):
+    """Batch-mean softmax cross-entropy and its gradient.
+
+    logits: (N, K); labels: (N,) ints in [0, K); dlogits: (N, K) overwritten
+    with d(mean loss)/d(logits). Returns the mean loss (float64).
+    """
+    N, K = logits.shape
+    total = 0.0
+    inv_n = logits.dtype.type(1.0 / N)
+    for n in range(N):
+        z = logits[n]
+        m = z[0]
+        for k in range(1, K):
+            m = max(m, z[k])
+        s = z.dtype.type(0)
+        for k in range(K):
+            e = np.exp(z[k] - m)
+            dlogits[n, k] = e
+            s += e
+        total += np.log(s) + m - z[labels[n]]
+        inv_s = 1 / s
+        for k in range(K):
+            dlogits[n, k] *= inv_s * inv_n
+        dlogits[n, labels[n]] -= inv_n
+    return total / N
+
+
+@jit
+def argmax_rows(scores, out):
+    """out[n] = index of the largest entry of scores[n] (first on ties)."""
+    N, K = scores.shape
+    for n in range(N):
+        best = 0
+        for k in range(1, K):
+            if scores[n, k] > scores[n, best]:
+                best = k
+        out[n] = best
+
+
+# ---------------------------------------------------------------- optimiser
+
+
+@jit
+def sgd_momentum_update(params, velocity, grad, lr, momentum):
+    """PyTorch-style heavy ball: v = momentum * v + grad; params -= lr * v."""
+    mu = params.dtype.type(momentum)
+    eta = params.dtype.type(lr)
+    for i in range(params.size):
+        v = mu * velocity[i] + grad[i]
+        velocity[i] = v
+        params[i] -= eta * v
+
+
+@jit
+def all_finite(values):
+    """True if no entry of the 1-d array is NaN or infinite."""
+    for i in range(values.size):  # noqa: SIM110 (numba compiles loops, not generators)
+        if not np.isfinite(values[i]):
+            return False
+    return True
+
+
+@jit
+def mean_rows(rows, count, lo, hi, out):
+    """out[j] = mean of rows[:count, lo + j] for j < hi - lo (out may be a
+    slice of one of those rows: each column is read before it is written)."""
+    inv = rows.dtype.type(1.0 / count)
+    for j in range(hi - lo):
+        s = rows.dtype.type(0)
+        for k in range(count):
+            s += rows[k, lo + j]
+        out[j] = s * inv
+
+
+# ---------------------------------------------- a cluster node's exchange
+
+
+@jit
+def difference(a, b, out):
+    """out = a - b, elementwise ((P,) each): a node's accumulated update,
+    its parameters minus those of its last pull."""
+    for i in range(out.size):
+        out[i] = a[i] - b[i]
+
+
+@jit
+def add_scaled(params, delta, scale):
+    """params += scale * delta ((P,) each): the server applies a push (or a
+    sync round's sum of pushes, scaled by 1 / pushes)."""
+    s = params.dtype.type(scale)
+    for i in range(params.size):
+        params[i] += s * delta[i]
+
+
+@jit
+def rebase(params, base, delta, fresh):
+    """params += fresh - (base + delta) ((P,) each): a node moves onto the
+    parameters it just pulled and keeps the updates its threads applied
+    since it pushed `delta` (taken as params - base). Written as one add
+    per parameter, so it races with the threads' updates as Hogwild! does."""
+    for i in range(params.size):
+        params[i] += fresh[i] - base[i] - delta[i]
+
+
+# ---------------------------------------------------------- whole network
+
+
+@jit
+def gather_images(images, idx, scale, shift, x):
+    """x[i] = images[idx[i]] * scale + shift, as float32 (the input transform).
+
+    images: (M, D) uint8; idx: (N,) row indices; x: (N, D) float32.
+    """
+    a = np.float32(scale)
+    c = np.float32(shift)
+    D = images.shape[1]
+    for i in range(idx.size):
+        src = images[idx[i]]
+        dst = x[i]
+        for k in range(D):
+            dst[k] = src[k] * a + c
+
+
+@jit
+def affine_copy(src, scale, shift, dst):
+    """dst = src * scale + shift elementwise (same size, any shapes)."""
+    s = src.reshape(src.size)
+    d = dst.reshape(dst.size)
+    a = d.dtype.type(scale)
+    c = d.dtype.type(shift)
+    for i in range(s.size):
+        d[i] = s[i] * a + c
+
+
+@jit
+def network_forward(params, plan, acts, argmax, n):
+    """Forward pass of n samples whose input already sits in acts[: n * D].
+
+    Runs the plan's ops in order, writing every activation into `acts` (and
+    pooling indices into `argmax`) at the plan's offsets; the logits are the
+    last row's (a dense op's) output.
+    """
+    for row in plan:
+        op = row[P_OP]
+        C, H, W, S = row[P_C], row[P_H], row[P_W], row[P_S]
+        CO, OH, OW, OS = row[P_CO], row[P_OH], row[P_OW], row[P_OS]
+        if op == OP_CONV:
+            k = row[P_K]
+            conv_forward(_view4(acts, row[P_XOFF], n, C, H, S),
+                         _view4(params, row[P_WOFF], CO, C, k, k),
+                         params[row[P_BOFF]:row[P_BOFF] + CO],
+                         _view3(acts, row[P_ZOFF], n, CO, OH * OS), W)
+        elif op == OP_PAD:
+            pad_forward(_view4(acts, row[P_XOFF], n, C, H, S), W, row[P_K],
+                        _view4(acts, row[P_ZOFF], n, CO, OH, OS))
+        elif op == OP_RELU:
+            relu_inplace(acts[row[P_XOFF]:row[P_XOFF] + n * C * H * S])
+        elif op == OP_POOL:
+            _maxpool2_forward(_view3(acts, row[P_XOFF], n, C, H * S), S,
+                              _view4(acts, row[P_ZOFF], n, CO, OH, OW),
+                              _view4(argmax, row[P_AOFF], n, CO, OH, OW), row[P_RELU] != 0)
+        elif op == OP_FLATTEN:
+            flatten_forward(_view4(acts, row[P_XOFF], n, C, H, S), W,
+                            _view2(acts, row[P_ZOFF], n, CO))
+        else:  # OP_DENSE
+            z = _view2(acts, row[P_ZOFF], n, CO)
+            dense_forward(_view2(acts, row[P_XOFF], n, C), _view2(params, row[P_WOFF], CO, C),
+                          params[row[P_BOFF]:row[P_BOFF] + CO], z)
+            if row[P_RELU]:
+                relu_inplace(z)
+
+
+@jit
+def network_backward(params, grad, plan, acts, dacts, argmax, n):
+    """Backward pass after network_forward, from dlogits already in `dacts`.
+
+    Overwrites every entry of `grad` (same layout as params); `dacts` mirrors
+    the layout of `acts` and receives the activation gradients. Ops before the
+    first one with parameters are skipped (P_GRAD = 0): the input needs no
+    gradient.
+    """
+    for i in range(plan.shape[0] - 1, -1, -1):
+        row = plan[i]
+        op = row[P_OP]
+        C, H, W, S = row[P_C], row[P_H], row[P_W], row[P_S]
+        CO, OH, OW, OS = row[P_CO], row[P_OH], row[P_OW], row[P_OS]
+        need = row[P_GRAD] != 0
+        if op == OP_CONV:
+            k = row[P_K]
+            x = _view4(acts, row[P_XOFF], n, C, H, S)
+            dz = _view3(dacts, row[P_ZOFF], n, CO, OH * OS)
+            conv_backward_weights(x, dz, _view4(grad, row[P_WOFF], CO, C, k, k),
+                                  grad[row[P_BOFF]:row[P_BOFF] + CO], W)
+            if need:
+                conv_backward_input(_view4(params, row[P_WOFF], CO, C, k, k), dz,
+                                    _view4(dacts, row[P_XOFF], n, C, H, S), W)
+        elif op == OP_DENSE:
+            a = _view2(acts, row[P_XOFF], n, C)
+            z = _view2(acts, row[P_ZOFF], n, CO)
+            dz = _view2(dacts, row[P_ZOFF], n, CO)
+            if row[P_RELU]:
+                relu_backward_inplace(dz, z)
+            dense_backward_weights(a, dz, _view2(grad, row[P_WOFF], CO, C),
+                                   grad[row[P_BOFF]:row[P_BOFF] + CO])
+            if need:
+                dense_backward_input(_view2(params, row[P_WOFF], CO, C), dz,
+                                     _view2(dacts, row[P_XOFF], n, C))
+        elif not need:
+            continue
+        elif op == OP_PAD:
+            pad_backward(_view4(dacts, row[P_ZOFF], n, CO, OH, OS), W, row[P_K],
+                         _view4(dacts, row[P_XOFF], n, C, H, S))
+        elif op == OP_RELU:
+            size = n * C * H * S
+            relu_backward_inplace(dacts[row[P_XOFF]:row[P_XOFF] + size],
+                                  acts[row[P_XOFF]:row[P_XOFF] + size])
+        elif op == OP_POOL:
+            _maxpool2_backward(_view4(dacts, row[P_ZOFF], n, CO, OH, OW),
+                               _view4(acts, row[P_ZOFF], n, CO, OH, OW),
+                               _view4(argmax, row[P_AOFF], n, CO, OH, OW),
+                               _view3(dacts, row[P_XOFF], n, C, H * S), row[P_RELU] != 0)
+        elif op == OP_FLATTEN:
+            flatten_backward(_view2(dacts, row[P_ZOFF], n, CO), W,
+                             _view4(dacts, row[P_XOFF], n, C, H, S))
+
+
+@jit
+def network_loss_and_grad(params, grad, plan, acts, dacts, argmax, labels):
+    """Mean loss of the batch whose input sits in acts; gradient into grad."""
+    n = labels.size
+    last = plan[-1]
+    network_forward(params, plan, acts, argmax, n)
+    logits = _view2(acts, last[P_ZOFF], n, last[P_CO])
+    dlogits = _view2(dacts, last[P_ZOFF], n, last[P_CO])
+    loss = softmax_cross_entropy(logits, labels, dlogits)
+    network_backward(params, grad, plan, acts, dacts, argmax, n)
+    return loss
+
+
+@jit
+def train_steps(weights, buffers, data, steps, losses):
+    """Run steps.count steps of sequential mini-batch SGD with momentum;
+    returns the number of steps applied, fewer if a loss is not finite (that
+    step's update is not applied: the run has diverged).
+
+    Step s (from steps.first) trains on images[order[s*b : (s+1)*b]] (the
+    last batch of an epoch may be shorter); losses[s] receives its loss. The
+    bundles are described above (Weights, Buffers, Images, Steps).
+    """
+    params, velocity = weights.params, weights.velocity
+    acts, bl_all = buffers.acts, buffers.batch_labels
+    order, b = steps.order, steps.batch_size
+    total = order.size
+    D = data.images.shape[1]
+    for s in range(steps.first, steps.first + steps.count):
+        start = s * b
+        n = min(b, total - start)
+        idx = order[start:start + n]
+        gather_images(data.images, idx, data.scale, data.shift, _view2(acts, 0, n, D))
+        bl = bl_all[:n]
+        for i in range(n):
+            bl[i] = data.labels[idx[i]]
+        losses[s] = network_loss_and_grad(params, buffers.grad, buffers.plan, acts,
+                                          buffers.dacts, buffers.argmax, bl)
+        if not np.isfinite(losses[s]):
+            return s - steps.first
+        sgd_momentum_update(params, velocity, buffers.grad, steps.lr, steps.momentum)
+    return steps.count
+
+
+@jit
+def predict_images(params, plan, acts, argmax, capacity, images, scale, shift, out):
+    """Predicted labels of all rows of images ((M, D) uint8, transformed to
+    images * scale + shift) into out ((M,) int64), in batches of at most
+    `capacity` (the workspace's batch size)."""
+    M, D = images.shape
+    last = plan[-1]
+    for start in range(0, M, capacity):
+        n = min(capacity, M - start)
+        affine_copy(images[start:start + n], scale, shift, _view2(acts, 0, n, D))
+        network_forward(params, plan, acts, argmax, n)
+        argmax_rows(_view2(acts, last[P_ZOFF], n, last[P_CO]), out[start:start + n])
+
+
+@jit
+def _view2(flat, off, a, b):
+    return flat[off:off + a * b].reshape((a, b))
+
+
+@jit
+def _view3(flat, off, a, b, c):
+    return flat[off:off + a * b * c].reshape((a, b, c))
+
+
+@jit
+def _view4(flat, off, a, b, c, d):
+    return flat[off:off + a * b * c * d].reshape((a, b, c, d))

@@ -1,0 +1,328 @@
+"""What a step of each parallel algorithm does, compiled once, and the
+worker loops that run the steps on real threads.
+
+A step is four compiled calls that every executor makes in this order (the
+threads here, iasgd.executors.simulated's simulated workers, a cluster's nodes):
+
+    gate.acquire_ticket, gate.enter_interval   (iasgd.protocol.gate: ticket and slot)
+    v_read = read_step(...)                    draw the batch, read V (and a snapshot)
+    loss = compute_step(...)                   forward and backward
+    apply_step(...)                            commit, apply, record, settle
+
+A worker thread makes one call per run into `async_worker` or `sync_worker`,
+which runs with the GIL released until the run is stopped, sleeping between
+epochs. Python does nothing per step. The simulator makes the same calls, one
+step at a time, and decides only when each happens.
+
+Arguments come in bundles (named tuples): `Plan` (the algorithm and its
+knobs), `Shared` (the arrays every worker shares), `Inputs` (the training
+set) and `Own` (one worker's workspace, random stream and records).
+
+Staleness: tau = V just before the update is applied minus V when the worker
+read the parameters (see iasgd.protocol.gate).
+"""
+
+from __future__ import annotations
+
+from collections import namedtuple
+
+import numpy as np
+
+from iasgd.compiled import jit
+from iasgd.nn import kernels as K
+from iasgd.protocol import gate as G
+from iasgd.protocol.atomics import atomic_add, atomic_cas, atomic_load, monotonic_ns
+
+HOGWILD, ASYNC, INTERVAL = 0, 1, 2  # the algorithms of async_worker
+
+# Columns of a worker's int64 counter row (rows padded to a cache line multiple).
+COMPUTED, APPLIED, DROPPED, TAU_SUM, TAU_MAX, WAIT_NS, STEPS_NS, VIOLATIONS, SLICES = range(9)
+COUNTER_COLUMNS = 16
+# Slots of the shared `probe` array: steps running right now, their maximum,
+# and the losses written into the loss ring so far.
+ACTIVE, ACTIVE_MAX, LOSS_POS = 0, 1, 2
+
+# algo: HOGWILD, ASYNC, INTERVAL (or any, for sync); policy: gate.WAIT or DROP
+Plan = namedtuple("Plan", ["algo", "policy", "lr", "momentum"])
+# state: the gate; probe: (8,) int64; params, velocity: (P,) float32;
+# lr_factors: (bins,) float32 step-size factor by tau; ring: the loss ring
+Shared = namedtuple("Shared", ["state", "probe", "params", "velocity", "lr_factors", "ring"])
+# images (M, D) uint8 -> images * scale + shift; labels (M,) int64
+Inputs = K.Images
+# local: (P,) a private copy of the parameters (async's snapshot; the
+# simulator's read); grad: (P,); acts, dacts, argmax, layers (the kernels'
+# plan table): the model's workspace; batch_labels, idx: (b,); rng: (1,) uint64 random
+# stream; counters: (COUNTER_COLUMNS,) int64; hist: (bins,) staleness of this
+# epoch; loss_sum: (1,) float64 sum of this epoch's applied losses
+Own = namedtuple("Own", ["local", "grad", "acts", "dacts", "argmax", "layers", "batch_labels",
+                         "idx", "rng", "counters", "hist", "loss_sum"])
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1, _MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+
+
+@jit
+def next_random(rng):
+    """The next value of the splitmix64 stream whose state is rng[0]. Each
+    worker owns its stream, so its batches do not depend on which thread
+    (or simulator) draws them."""
+    rng[0] += _GOLDEN
+    z = rng[0]
+    z = (z ^ (z >> np.uint64(30))) * _MIX1
+    z = (z ^ (z >> np.uint64(27))) * _MIX2
+    return z ^ (z >> np.uint64(31))
+
+
+@jit
+def draw_batch(idx, count, rng):
+    """idx[:] = uniform draws from [0, count), with replacement."""
+    n = np.uint64(count)
+    for i in range(idx.size):
+        idx[i] = np.int64(next_random(rng) % n)
+
+
+@jit
+def gather_batch(inputs, own):
+    """The batch own.idx names: its inputs into the start of own.acts, its
+    labels into own.batch_labels."""
+    n, D = own.idx.size, inputs.images.shape[1]
+    K.gather_images(inputs.images, own.idx, inputs.scale, inputs.shift,
+                    own.acts[:n * D].reshape((n, D)))
+    for i in range(n):
+        own.batch_labels[i] = inputs.labels[own.idx[i]]
+
+
+@jit
+def _load_batch(inputs, own):
+    """Draw a batch (its indices into own.idx) and gather it."""
+    draw_batch(own.idx, inputs.images.shape[0], own.rng)
+    gather_batch(inputs, own)
+
+
+@jit
+def _enter_step(probe):
+    now = atomic_add(probe, ACTIVE, 1) + 1
+    while True:  # probe[ACTIVE_MAX] = max(probe[ACTIVE_MAX], now)
+        seen = atomic_load(probe, ACTIVE_MAX)
+        if now <= seen or atomic_cas(probe, ACTIVE_MAX, seen, now) == seen:
+            return
+
+
+@jit
+def _leave_step(probe):
+    atomic_add(probe, ACTIVE, -1)
+
+
+@jit
+def record_update(own, shared, tau, loss):
+    """Account one applied gradient; its loss also goes into the shared ring
+    that the loss monitor reads."""
+    c = own.counters
+    c[APPLIED] += 1
+    c[TAU_SUM] += tau
+    c[TAU_MAX] = max(c[TAU_MAX], tau)
+    own.hist[min(tau, own.hist.size - 1)] += 1
+    own.loss_sum[0] += loss
+    ring = shared.ring
+    ring[atomic_add(shared.probe, LOSS_POS, 1) % ring.size] = loss
+
+
+# ------------------------------------------------------------ one step
+
+
+@jit
+def read_step(plan, shared, inputs, own, snapshot):
+    """After the ticket (and slot): draw the batch and read the parameters.
+    Returns V at the read. async reads a consistent snapshot into own.local
+    under the lock; otherwise the step reads the shared array as it computes
+    (Hogwild!). With `snapshot` (the simulator, whose workers share one
+    workspace) every algorithm copies the parameters into own.local and
+    only the batch's indices are drawn: gather_batch fills the workspace
+    right before compute_step."""
+    if snapshot:
+        draw_batch(own.idx, inputs.images.shape[0], own.rng)
+    else:
+        _load_batch(inputs, own)
+    state = shared.state
+    if plan.algo == ASYNC:
+        G.lock(state)
+        own.local[:] = shared.params
+        v_read = G.read_version(state)
+        G.unlock(state)
+        return v_read
+    v_read = G.read_version(state)
+    if snapshot:
+        own.local[:] = shared.params
+    return v_read
+
+
+@jit
+def compute_step(shared, own, params):
+    """Forward and backward of own's batch at `params` (the shared array or
+    own.local); the gradient into own.grad. Returns the batch's mean loss."""
+    _enter_step(shared.probe)
+    loss = K.network_loss_and_grad(params, own.grad, own.layers, own.acts, own.dacts,
+                                   own.argmax, own.batch_labels)
+    _leave_step(shared.probe)
+    own.counters[COMPUTED] += 1
+    return loss
+
+
+@jit
+def apply_step(gen, v_read, loss, plan, shared, own):
+    """Commit and apply own.grad, read at V = v_read in interval `gen`:
+    returns 1 if applied (and recorded), 0 if the drop gate dropped it, -1
+    if its loss is not finite (the run is marked diverged)."""
+    state = shared.state
+    interval = plan.algo == INTERVAL
+    if not np.isfinite(loss):
+        G.mark_diverged(state)
+        G.return_ticket(state)
+        return -1
+    if not G.commit_step(state, gen, interval and plan.policy == G.DROP):
+        own.counters[DROPPED] += 1  # before the ticket goes back: the epoch may end then
+        G.return_ticket(state)
+        return 0
+    if plan.algo == ASYNC:
+        G.lock(state)
+    tau = G.begin_apply(state) - v_read
+    factors = shared.lr_factors
+    lr = plan.lr * factors[min(tau, factors.size - 1)]
+    K.sgd_momentum_update(shared.params, shared.velocity, own.grad, lr, plan.momentum)
+    if plan.algo == ASYNC:
+        G.unlock(state)
+    elif interval:
+        # read in interval gen, applied in it, within its y - 1
+        if G.crossed(state, gen) or tau > atomic_load(state, G.Y) - 1:
+            own.counters[VIOLATIONS] += 1
+        G.finish_apply(state)
+    record_update(own, shared, tau, loss)
+    G.settle(state)
+    return 1
+
+
+@jit
+def async_worker(wid, plan, shared, inputs, own):
+    """Worker `wid` of hogwild, async (lock-based) or interval, for the whole
+    run: it takes steps while the gate allows them and sleeps between
+    allowances, until the run stops. A non-finite loss is not applied: it
+    marks the run diverged and stops it."""
+    state = shared.state
+    wait = plan.algo == INTERVAL and plan.policy == G.WAIT
+    t_start = monotonic_ns()
+    while True:
+        if not G.acquire_ticket(state, wid):
+            break
+        t0 = monotonic_ns()
+        gen = G.enter_interval(state, wait)
+        own.counters[WAIT_NS] += monotonic_ns() - t0
+        if gen < 0:
+            break
+        v_read = read_step(plan, shared, inputs, own, False)
+        loss = compute_step(shared, own, own.local if plan.algo == ASYNC else shared.params)
+        if apply_step(gen, v_read, loss, plan, shared, own) < 0:
+            break
+    own.counters[STEPS_NS] += monotonic_ns() - t_start
+
+
+# ------------------------------------------------------------------ sync
+
+
+@jit
+def round_gradient(shared, inputs, own, grad):
+    """A sync round's gradient of a fresh batch at the shared parameters,
+    into `grad` (a row of the round's (n, P) array). Returns its loss."""
+    _load_batch(inputs, own)
+    _enter_step(shared.probe)
+    loss = K.network_loss_and_grad(shared.params, grad, own.layers, own.acts, own.dacts,
+                                   own.argmax, own.batch_labels)
+    _leave_step(shared.probe)
+    own.counters[COMPUTED] += 1
+    return loss
+
+
+@jit
+def apply_round(plan, shared, grads, active, lo, hi, out):
+    """Columns [lo, hi) of a sync round's update: their mean over the first
+    `active` rows of grads (n, P) into out (hi - lo,), applied to the shared
+    parameters. `out` may be those columns of one of the rows: each column is
+    read before it is written."""
+    K.mean_rows(grads, active, lo, hi, out)
+    K.sgd_momentum_update(shared.params[lo:hi], shared.velocity[lo:hi], out, plan.lr,
+                          plan.momentum)
+
+
+@jit
+def _timed_barrier(state, parties, sense, counters):
+    """Flip this worker's sense and pass the barrier, timing the wait.
+    Returns the barrier's answer (1 go on, 0 stop, -1 a worker failed)."""
+    t0 = monotonic_ns()
+    sense[0] = 1 - sense[0]
+    go = G.barrier(state, parties, sense[0])
+    counters[WAIT_NS] += monotonic_ns() - t0
+    return go
+
+
+@jit
+def sync_worker(wid, parties, plan, shared, inputs, own, grads, sense):
+    """One worker of synchronous parallel SGD for the whole run, in rounds:
+    every worker computes a gradient on the same parameters into grads[wid]
+    (the last round of an allowance may use fewer workers), a barrier, each
+    worker averages and applies its slice of the parameters, a barrier. A
+    stop is decided at the first barrier by the last worker to arrive, for
+    all alike, so a round is applied whole or not at all. sense: (1,) this
+    worker's barrier sense, kept across calls."""
+    state = shared.state
+    P = shared.params.size
+    lo = wid * P // parties
+    hi = (wid + 1) * P // parties
+    t_start = monotonic_ns()
+    done = atomic_load(state, G.DONE)  # gradients of the rounds so far, alike in every worker
+    while True:
+        active = G.sync_round_size(state, parties, done)
+        if active < 0:
+            break
+        if active == 0:
+            G.wait_for_allowance(state, done)
+            continue
+        loss = 0.0
+        G.stop_if_past_deadline(state)  # the round is then cancelled at the barrier
+        if wid < active and not G.stopped(state):
+            loss = round_gradient(shared, inputs, own, grads[wid])
+            if not np.isfinite(loss):  # averaged in, it would poison every parameter
+                G.mark_diverged(state)
+        if _timed_barrier(state, parties, sense, own.counters) != 1:
+            break  # cancelled as a whole: nobody applies this round
+        # Columns [lo, hi) are this worker's alone: it may overwrite them in its
+        # own row with the mean (the next round's backward rewrites the row).
+        apply_round(plan, shared, grads, active, lo, hi, grads[wid, lo:hi])
+        own.counters[SLICES] += 1
+        if wid < active:
+            record_update(own, shared, 0, loss)
+        go = _timed_barrier(state, parties, sense, own.counters)
+        if go < 0:
+            break
+        done += active
+        if wid == 0:  # every slice is in: the round counts
+            atomic_add(state, G.VERSION, 1)
+            G.settle_many(state, active)
+        if go == 0:
+            break
+    own.counters[STEPS_NS] += monotonic_ns() - t_start
+
+
+# ----------------------------------------------------- bundles (plain Python)
+
+
+def new_own(ws, local: np.ndarray, counters: np.ndarray, hist: np.ndarray,
+            loss_sum: np.ndarray, rng: np.ndarray) -> Own:
+    """One worker's bundle over a model workspace `ws` (iasgd.nn.models) and the
+    given rows of the executor's per-worker arrays."""
+    return Own(local, ws.grad, ws.acts, ws.dacts, ws.argmax, ws.plan, ws.labels,
+               np.zeros(ws.capacity, np.int64), rng, counters, hist, loss_sum)
+
+
+def stream_seed(seed: int, wid: int, segment: int) -> np.uint64:
+    """The first state of worker wid's random stream in a run's segment (how
+    often it was resumed)."""
+    return np.random.SeedSequence([seed, 2, wid, segment]).generate_state(1, np.uint64)[0]

@@ -1,0 +1,244 @@
+"""The cluster level without Ray (iasgd.executors.cluster): the parameter server's gate
+and accounting under real concurrent node threads, a planted gate bug that
+the checks must see, lost nodes, and whole nodes training in one process."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+
+import numpy as np
+import pytest
+
+from iasgd import data as datasets
+from iasgd import engine
+from iasgd.executors import cluster as C
+from iasgd.nn import models
+from iasgd.protocol import gate as G
+
+P = 64  # parameters of the toy server runs
+
+
+def config(**kw) -> engine.TrainConfig:
+    base = {"algo": "interval", "threads": 1, "backend": "ray", "nodes": 4, "sync_every": 2}
+    return engine.TrainConfig(**{**base, **kw})
+
+
+def push_many(server: C.ParameterServer, node: int, rounds: int, seed: int) -> list:
+    """A node that pushes random deltas as fast as it can, with random
+    pauses; returns [(delta, count, applied)] of its pushes."""
+    rng = np.random.default_rng(seed)
+    reply = server.exchange(C.Push(node, None, 0, 0, -1), 2)
+    pushes = []
+    for _ in range(rounds):
+        if reply.stop:
+            break
+        delta = rng.standard_normal(P).astype(np.float32)
+        if rng.random() < 0.3:
+            time.sleep(rng.uniform(0, 2e-4))
+        push = C.Push(node, delta, reply.granted, reply.version, reply.gen,
+                      computed=reply.granted)
+        reply = server.exchange(push, 2)
+        pushes.append((delta, push.count, reply.applied))
+    server.node_lost(node, None)  # done: its slot must not hold the others up
+    return pushes
+
+
+def run_nodes(server: C.ParameterServer, nodes: int, rounds: int) -> list:
+    server.allow(10**9)
+    with ThreadPoolExecutor(nodes) as pool:
+        done = [pool.submit(push_many, server, i, rounds, i) for i in range(nodes)]
+        return [p for f in done for p in f.result(timeout=60)]
+
+
+@pytest.mark.parametrize("algo,gate", [("interval", "wait"), ("interval", "drop"),
+                                       ("hogwild", "wait"), ("async", "wait")])
+def test_every_push_is_applied_once_and_staleness_between_nodes_stays_bounded(algo, gate):
+    init = np.linspace(-1, 1, P, dtype=np.float32)
+    server = C.ParameterServer(init, config(algo=algo, node_gate=gate, node_interval=2))
+    pushes = run_nodes(server, 4, 300)
+    s = server.summary()
+    applied = [(d, n) for d, n, ok in pushes if ok]
+    assert s["pushes"] == len(applied) and s["dropped_pushes"] == len(pushes) - len(applied)
+    assert s["applied"] == sum(n for _, n in applied)  # DONE counts the nodes' updates
+    expected = init + np.sum([d for d, _ in applied], axis=0, dtype=np.float64)
+    # float32 sums of ~1,200 pushes round by ~1e-4; a push lost or applied twice
+    # moves some parameter by ~1
+    np.testing.assert_allclose(server.get_params(), expected, rtol=0, atol=1e-2)
+    st = s["node_staleness"]
+    assert st["violations"] == 0 and sum(st["hist"]) == len(applied)
+    if algo == "interval":
+        assert st["bound"] == 1 and st["max"] <= 1
+        assert s["intervals"] >= len(applied) // 2 - 1
+    else:
+        assert st["bound"] is None and st["max"] >= 1  # 4 nodes racing: some staleness
+    if gate == "drop":
+        assert s["dropped_pushes"] > 0  # 4 nodes on 2 slots: some arrive too late
+
+
+def test_a_gate_that_admits_without_slots_is_caught():
+    """Mutant: the pull takes no slot of the interval (no admission), so
+    intervals close under nodes still computing in them. The server's check
+    must count the pushes applied outside their interval."""
+    server = C.ParameterServer(np.zeros(P, np.float32), config(node_interval=2))
+
+    def no_admission(node: int) -> int:
+        server.slot[node] = int(G.generation(server.state))
+        return server.slot[node]
+
+    server._take_slot = no_admission
+    run_nodes(server, 4, 200)
+    st = server.summary()["node_staleness"]
+    assert st["violations"] > 0 and st["max"] > st["bound"]
+
+
+def test_sync_applies_the_mean_of_one_push_per_node_per_round():
+    init = np.zeros(P, np.float32)
+    server = C.ParameterServer(init, config(algo="sync", nodes=3))
+    server.allow(10**9)
+    deltas = [np.full(P, v, np.float32) for v in (1.0, 2.0, 6.0)]
+
+    def node(i: int) -> C.Reply:
+        reply = server.exchange(C.Push(i, None, 0, 0, -1), 2)
+        return server.exchange(C.Push(i, deltas[i], reply.granted, reply.version, -1), 2)
+
+    with ThreadPoolExecutor(3) as pool:
+        replies = list(pool.map(node, range(3)))
+    for reply in replies:  # every node pulls the same averaged parameters
+        np.testing.assert_allclose(reply.params, np.full(P, 3.0), atol=1e-6)
+        assert reply.version == 1
+    s = server.summary()
+    assert s["sync_rounds"] == 1 and s["node_staleness"]["max"] == 0
+
+
+def test_a_lost_node_gives_back_its_slot_and_tickets():
+    server = C.ParameterServer(np.zeros(P, np.float32), config(nodes=2, node_interval=2))
+    server.allow(32)
+    a = server.exchange(C.Push(0, None, 0, 0, -1), 8)
+    b = server.exchange(C.Push(1, None, 0, 0, -1), 8)
+    assert (a.gen, b.gen, a.granted, b.granted) == (0, 0, 8, 8)
+    assert int(server.state[G.TICKETS]) == 16
+    # node 1 pushes, and its pull waits: interval 0 still waits for node 0's push
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(server.exchange,
+                              C.Push(1, np.ones(P, np.float32), 8, b.version, b.gen), 4)
+        with pytest.raises(FutureTimeout):
+            waiting.result(timeout=0.2)
+        assert server.summary()["intervals"] == 0
+        assert server.node_lost(0, "killed") == 1
+        pulled = waiting.result(timeout=5)
+    assert server.summary()["intervals"] == 1  # its slot counted: the interval completed
+    assert (pulled.gen, pulled.granted) == (1, 4)
+    assert int(server.state[G.TICKETS]) == 16 - 8 + 4  # node 0's 8 came back
+    assert server.summary()["lost_nodes"][0]["node"] == 0
+    late = server.exchange(C.Push(0, np.ones(P, np.float32), 8, a.version, a.gen), 8)
+    assert late.stop  # a lost node's late push is not applied
+    np.testing.assert_array_equal(server.get_params(), np.ones(P, np.float32))
+
+
+def test_a_sync_round_completes_without_a_lost_node():
+    server = C.ParameterServer(np.zeros(P, np.float32), config(algo="sync", nodes=2))
+    server.allow(100)
+    server.exchange(C.Push(0, None, 0, 0, -1), 4)
+    server.exchange(C.Push(1, None, 0, 0, -1), 4)
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(server.exchange, C.Push(0, np.full(P, 2, np.float32), 4, 0, -1), 4)
+        with pytest.raises(FutureTimeout):
+            waiting.result(timeout=0.2)  # the round waits for node 1
+        server.node_lost(1, "killed")
+        reply = waiting.result(timeout=5)
+    np.testing.assert_array_equal(reply.params, np.full(P, 2, np.float32))
+
+
+def test_the_last_tickets_of_an_allowance_are_shared_among_the_nodes():
+    server = C.ParameterServer(np.zeros(P, np.float32), config(algo="hogwild", nodes=2))
+    server.allow(10)
+    a = server.exchange(C.Push(0, None, 0, 0, -1), 8)
+    b = server.exchange(C.Push(1, None, 0, 0, -1), 8)
+    assert (a.granted, b.granted) == (5, 3)  # a share of what is left each: 10/2, 5/2
+
+
+def test_the_server_stops_blocked_exchanges_and_refuses_non_finite_pushes():
+    server = C.ParameterServer(np.zeros(P, np.float32), config(nodes=1, algo="hogwild"))
+    with ThreadPoolExecutor(1) as pool:  # no tickets allowed: the pull waits
+        waiting = pool.submit(server.exchange, C.Push(0, None, 0, 0, -1), 4)
+        time.sleep(0.1)
+        assert not waiting.done()
+        server.stop()
+        assert waiting.result(timeout=5).stop
+    server = C.ParameterServer(np.zeros(P, np.float32), config(nodes=1, algo="hogwild"))
+    server.allow(10)
+    r = server.exchange(C.Push(0, None, 0, 0, -1), 4)
+    bad = np.full(P, np.nan, np.float32)
+    r = server.exchange(C.Push(0, bad, 4, r.version, r.gen), 4)
+    assert r.stop and server.progress()["diverged"]
+    assert np.all(server.get_params() == 0)
+
+
+def in_process_link(pool: ThreadPoolExecutor, server: C.ParameterServer) -> C.Link:
+    def link(push: C.Push, want: int):
+        future = pool.submit(server.exchange, push, want)
+
+        def poll(timeout_s: float):
+            try:
+                return future.result(timeout=timeout_s)
+            except FutureTimeout:
+                return None
+        return poll
+    return link
+
+
+@pytest.mark.parametrize("algo", ["interval", "sync"])
+def test_nodes_train_with_their_threads_and_exchange_in_one_process(algo):
+    data = datasets.synthetic(seed=0, n_train=600, n_test=100)
+    model = models.build("lenet", "synthetic")
+    cfg = config(algo=algo, nodes=2, threads=2, sync_every=4, interval=3, node_interval=2,
+                 lr=0.01)
+    server = C.ParameterServer(model.init(0), cfg)
+    nodes = [C.Node(i, model, data, cfg) for i in range(2)]
+    server.allow(240)
+    figures: list[dict] = []
+    with ThreadPoolExecutor(8) as pool:
+        runs = [threading.Thread(target=lambda n=n: figures.append(
+            n.run(in_process_link(pool, server)))) for n in nodes]
+        for t in runs:
+            t.start()
+        deadline = time.monotonic() + 120
+        while server.progress()["done"] < 240 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        server.stop()
+        for t in runs:
+            t.join(60)
+    s = server.summary()
+    assert s["applied"] == 240 and s["computed"] >= 240
+    assert sum(f["applied"] for f in figures) >= 240  # the updates after the stop are lost
+    for f in figures:
+        assert f["pushes"] > 0 and f["staleness"]["violations"] == 0
+        if algo == "interval":
+            assert f["staleness"]["bound"] == 2 and f["staleness"]["max"] <= 2
+    node_level = s["node_staleness"]
+    assert node_level["violations"] == 0
+    assert node_level["max"] <= (1 if algo == "interval" else 0)
+    assert np.all(np.isfinite(server.get_params()))
+
+
+def test_a_node_still_holding_tickets_is_never_kept_waiting_for_more():
+    """With overlap a node asks for more while it still holds unpushed
+    tickets; if it waited for more at the end of an allowance, the allowance
+    (which waits for those very updates) would never end."""
+    server = C.ParameterServer(np.zeros(P, np.float32), config(algo="hogwild", nodes=1))
+    server.allow(8)
+    first = server.exchange(C.Push(0, None, 0, 0, -1), 8)
+    assert first.granted == 8
+    d = np.ones(P, np.float32)
+    half = server.exchange(C.Push(0, d, 4, first.version, first.gen), 4)  # 4 still held
+    assert half.granted == 0 and not half.stop
+    with ThreadPoolExecutor(1) as pool:  # all pushed: now it waits for the next allowance
+        rest = pool.submit(server.exchange, C.Push(0, d, 4, half.version, half.gen), 4)
+        with pytest.raises(FutureTimeout):
+            rest.result(timeout=0.2)
+        assert server.progress()["done"] == 8
+        server.allow(16)
+        assert rest.result(timeout=5).granted == 4

@@ -1,0 +1,94 @@
+"""Slow, obviously-correct numpy/scipy references the compiled kernels are
+checked against, and a central finite-difference helper."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+from scipy.signal import correlate
+from scipy.special import logsumexp
+
+
+def conv2d_valid(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """(N, C, H, W) x (O, C, k, k) -> (N, O, H-k+1, W-k+1), float64, via scipy."""
+    N, C, H, W = x.shape
+    O, _, k, _ = w.shape
+    out = np.zeros((N, O, H - k + 1, W - k + 1))
+    for n in range(N):
+        for o in range(O):
+            for c in range(C):
+                out[n, o] += correlate(x[n, c].astype(np.float64), w[o, c].astype(np.float64),
+                                       mode="valid")
+            out[n, o] += b[o]
+    return out
+
+
+def relu_maxpool2(z: np.ndarray) -> np.ndarray:
+    """ReLU then 2x2 max-pool (floor) of (N, C, H, W)."""
+    N, C, H, W = z.shape
+    z = z[:, :, : H // 2 * 2, : W // 2 * 2]
+    pooled = z.reshape(N, C, H // 2, 2, W // 2, 2).max(axis=(3, 5))
+    return np.maximum(pooled, 0)
+
+
+def softmax_xent(logits: np.ndarray, labels: np.ndarray) -> float:
+    """Batch-mean cross-entropy of softmax(logits)."""
+    logits = logits.astype(np.float64)
+    return float(np.mean(logsumexp(logits, axis=1) - logits[np.arange(len(labels)), labels]))
+
+
+def conv2d(x: np.ndarray, w: np.ndarray, b: np.ndarray, padding: str) -> np.ndarray:
+    """conv2d_valid after zero-padding (k-1)/2 pixels all round for "same"."""
+    if padding == "same":
+        p = (w.shape[2] - 1) // 2
+        x = np.pad(x, ((0, 0), (0, 0), (p, p), (p, p)))
+    return conv2d_valid(x, w, b)
+
+
+def maxpool2(z: np.ndarray) -> np.ndarray:
+    """2x2 max-pool (floor) of (N, C, H, W), no ReLU."""
+    N, C, H, W = z.shape
+    z = z[:, :, : H // 2 * 2, : W // 2 * 2]
+    return z.reshape(N, C, H // 2, 2, W // 2, 2).max(axis=(3, 5))
+
+
+def network_logits(model, params: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Forward pass of a models.Model written with numpy/scipy, layer by layer
+    from its layer list, by tensor name, in PyTorch's conventions (flatten in C
+    order of (C, H, W)); x in [0, 1]."""
+    from iasgd.nn.models import INPUT_MEAN, INPUT_STD, Conv, Dense, Flatten, Pool, ReLU
+
+    t = {name: params[off:off + int(np.prod(shape))].reshape(shape).astype(np.float64)
+         for name, shape, off in model.layout}
+    a = (x.reshape(x.shape[0], *model.input_shape).astype(np.float64) - INPUT_MEAN) / INPUT_STD
+    convs = denses = 0
+    for layer in model.arch.layers:
+        if isinstance(layer, Conv):
+            convs += 1
+            a = conv2d(a, t[f"conv{convs}.weight"], t[f"conv{convs}.bias"], layer.padding)
+        elif isinstance(layer, ReLU):
+            a = np.maximum(a, 0)
+        elif isinstance(layer, Pool):
+            a = maxpool2(a)
+        elif isinstance(layer, Flatten):
+            a = a.reshape(a.shape[0], -1)
+        elif isinstance(layer, Dense):
+            denses += 1
+            a = a.reshape(a.shape[0], -1) @ t[f"fc{denses}.weight"].T + t[f"fc{denses}.bias"]
+        else:
+            raise TypeError(layer)
+    return a
+
+
+def central_difference(f: Callable[[np.ndarray], float], x: np.ndarray, index: int,
+                       eps: float = 1e-6) -> float:
+    """d f / d x.flat[index] by central differences (x is float64, restored)."""
+    flat = x.reshape(-1)
+    keep = flat[index]
+    flat[index] = keep + eps
+    up = f(x)
+    flat[index] = keep - eps
+    down = f(x)
+    flat[index] = keep
+    return (up - down) / (2 * eps)

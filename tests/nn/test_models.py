@@ -1,0 +1,255 @@
+"""Models: layouts, initialisation, and loss_and_grad / predict against a
+numpy/scipy forward pass and central finite differences on every tensor."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import pytest
+from reference import central_difference, network_logits, softmax_xent
+
+from iasgd.nn import kernels as K
+from iasgd.nn import models
+from iasgd.nn.models import Conv, Dense, Flatten, Pool, ReLU
+
+
+@pytest.mark.parametrize(("dataset", "count"), [
+    ("cifar10", 52_202), ("cifar100", 69_656), ("fashion-mnist", 34_622), ("synthetic", 52_202),
+])
+def test_lenet_parameter_counts_match_the_paper(dataset, count):
+    assert models.build("lenet", dataset).num_params == count
+
+
+def test_lenet_layout_follows_pytorch_shapes_and_tiles_the_array():
+    m = models.build("lenet", "cifar10")
+    shapes = {name: shape for name, shape, _ in m.layout}
+    assert shapes == {
+        "conv1.weight": (6, 3, 5, 5), "conv1.bias": (6,),
+        "conv2.weight": (16, 6, 5, 5), "conv2.bias": (16,),
+        "fc1.weight": (120, 400), "fc1.bias": (120,),
+        "fc2.weight": (10, 120), "fc2.bias": (10,),
+    }
+    end = 0
+    for _, shape, off in m.layout:
+        assert off == end
+        end += math.prod(shape)
+    assert end == m.num_params
+
+
+def test_mlp_hidden_widths():
+    m = models.build("mlp", "fashion-mnist", hidden=(64, 32))
+    assert [s for _, s, _ in m.layout] == [(64, 784), (64,), (32, 64), (32,), (10, 32), (10,)]
+
+
+def test_init_is_seeded_and_bounded_like_pytorch():
+    m = models.build("lenet", "cifar10")
+    a, b, c = m.init(1), m.init(1), m.init(2)
+    assert a.dtype == np.float32 and a.shape == (m.num_params,)
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, c)
+    t = m.tensors(a)
+    for name, fan_in in (("conv1", 75), ("conv2", 150), ("fc1", 400), ("fc2", 120)):
+        for part in ("weight", "bias"):
+            v = t[f"{name}.{part}"]
+            bound = 1 / math.sqrt(fan_in)
+            assert np.abs(v).max() <= bound
+            if part == "weight":  # enough draws to fill the interval
+                assert np.abs(v).max() > 0.9 * bound
+
+
+SMALL_MODELS = {
+    "lenet-cifar10": lambda: models.build("lenet", "cifar10"),
+    "lenet-cifar100": lambda: models.build("lenet", "cifar100"),
+    "lenet-fashion": lambda: models.build("lenet", "fashion-mnist"),
+    "lenet-odd-input": lambda: models.build("lenet", input_shape=(2, 17, 19), num_classes=3),
+    "mlp": lambda: models.build("mlp", input_shape=(1, 6, 5), num_classes=4, hidden=(7, 5)),
+    "vgg-small": lambda: models.build("vgg-small", "cifar10"),
+    # every op: same and valid convs of several sizes, pools with and without
+    # a fused ReLU, a ReLU in place on a wide map, a flatten of junk columns
+    "spec-mixed": lambda: models.build("conv4k3s,relu,conv3k5,pool,relu,conv2k1,flatten,"
+                                       "dense6,relu,dense", input_shape=(2, 9, 11),
+                                       num_classes=3),
+    "spec-wide-flatten": lambda: models.build("conv3k3s,dense5,relu,relu,dense",
+                                              input_shape=(1, 5, 4), num_classes=2),
+    "spec-pool-first": lambda: models.build("pool,conv2k7s,relu,pool,dense",
+                                            input_shape=(3, 8, 9), num_classes=4),
+}
+
+
+@pytest.fixture(params=sorted(SMALL_MODELS))
+def model(request):
+    return SMALL_MODELS[request.param]()
+
+
+def batch(model, n, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.random((n, *model.input_shape)).astype(np.float32)
+    y = rng.integers(0, model.num_classes, n)
+    return x, y
+
+
+def test_forward_matches_numpy_reference(model):
+    params = model.init(3)
+    x, y = batch(model, 5)
+    ref = network_logits(model, params, x)
+    np.testing.assert_allclose(model.logits(params, x), ref, rtol=1e-4, atol=1e-5)
+    loss, _ = model.loss_and_grad(params, x, y)
+    assert loss == pytest.approx(softmax_xent(ref, y), rel=1e-5)
+    np.testing.assert_array_equal(model.predict(params, x), np.argmax(ref, axis=1))
+
+
+def test_loss_and_grad_matches_finite_differences_on_every_tensor(model):
+    """The float32 gradient against central differences of the network's own
+    float64 specialisation, 4 random coordinates of every tensor."""
+    params = model.init(4)
+    x, y = batch(model, 3, seed=1)
+    _, grad = model.loss_and_grad(params, x, y)
+    ws = model.workspace(3)
+    acts, dacts = np.zeros(ws.acts_size), np.zeros(ws.acts_size)
+    g64 = np.zeros(model.num_params)
+
+    def loss64(p):
+        acts[: x.size] = (x.ravel() - models.INPUT_MEAN) / models.INPUT_STD
+        return K.network_loss_and_grad(p, g64, ws.plan, acts, dacts, ws.argmax, y)
+
+    p64 = params.astype(np.float64)
+    rng = np.random.default_rng(5)
+    for name, shape, off in model.layout:
+        for j in rng.choice(math.prod(shape), min(4, math.prod(shape)), replace=False):
+            fd = central_difference(loss64, p64, off + j, eps=1e-6)
+            assert abs(fd - grad[off + j]) <= 1e-4 * max(abs(fd), 1e-2), name
+
+
+def test_predict_images_matches_predict_on_float_inputs():
+    m = models.build("lenet", "fashion-mnist")
+    params = m.init(0)
+    rng = np.random.default_rng(6)
+    images = rng.integers(0, 256, (23, 1, 28, 28), dtype=np.uint8)
+    want = m.predict(params, images.astype(np.float32) / np.float32(255))
+    np.testing.assert_array_equal(m.predict_images(params, images, batch=10), want)
+
+
+def test_bad_arguments_are_clear_errors():
+    m = models.build("mlp", input_shape=(1, 2, 2), num_classes=3, hidden=(4,))
+    p = m.init(0)
+    x = np.zeros((2, 4), np.float32)
+    with pytest.raises(ValueError, match="labels must lie in"):
+        m.loss_and_grad(p, x, np.array([0, 3]))
+    with pytest.raises(ValueError, match="params must be float32"):
+        m.loss_and_grad(p.astype(np.float64), x, np.array([0, 1]))
+    with pytest.raises(ValueError, match="inputs must be"):
+        m.predict(p, np.zeros((2, 5), np.float32))
+    with pytest.raises(ValueError, match="unknown model"):
+        models.build("resnet", "cifar10")
+    with pytest.raises(ValueError, match="too small"):
+        models.build("lenet", input_shape=(1, 8, 8), num_classes=2)
+    with pytest.raises(ValueError, match="mlp model only"):
+        models.build("lenet", "cifar10", hidden=(3,))
+
+
+def test_vgg_small_layout_and_summary():
+    m = models.build("vgg-small", "cifar10")
+    assert [(name, shape) for name, shape, _ in m.layout] == [
+        ("conv1.weight", (32, 3, 3, 3)), ("conv1.bias", (32,)),
+        ("conv2.weight", (64, 32, 3, 3)), ("conv2.bias", (64,)),
+        ("fc1.weight", (128, 4096)), ("fc1.bias", (128,)),
+        ("fc2.weight", (10, 128)), ("fc2.bias", (10,)),
+    ]
+    assert m.num_params == 545_098
+    lines = m.summary().splitlines()
+    assert lines[2].split() == ["conv1", "conv32k3s", "32x32x32", "896"]
+    assert lines[-1].split() == ["total", "545,098"]
+    assert [line.split()[-2] for line in lines[2:-1]] == [
+        "32x32x32", "32x32x32", "32x16x16", "64x16x16", "64x16x16", "64x8x8", "128", "128",
+        "10"]
+
+
+def test_a_layer_list_a_spec_and_a_preset_are_the_same_model():
+    layers = [Conv(32, 3, "same"), ReLU(), Pool(), Conv(64, 3, "same"), ReLU(), Pool(),
+              Dense(128), ReLU(), Dense()]
+    by_list = models.build(layers, "cifar10")
+    by_spec = models.build("conv32k3s,relu,pool,conv64k3s,relu,pool,dense128,relu,dense10",
+                           "cifar10")
+    preset = models.build("vgg-small", "cifar10")
+    assert by_list.layout == by_spec.layout == preset.layout
+    assert by_list.spec == preset.spec == models.VGG_SMALL
+    assert by_spec.spec == models.VGG_SMALL + "10"  # the class count, written out
+    np.testing.assert_array_equal(by_list.workspace(3).plan, preset.workspace(3).plan)
+    # lenet is the layer list it always was
+    assert models.build("lenet", "cifar10").spec == (
+        "conv6k5v,relu,pool,conv16k5v,relu,pool,dense120,relu,dense")
+
+
+def test_spec_grammar_round_trips():
+    spec = "conv8k5s,relu,pool,conv4,flatten,dense7,relu,dense"
+    layers = models.parse_spec(spec)
+    assert layers == [Conv(8, 5, "same"), ReLU(), Pool(), Conv(4, 3, "valid"), Flatten(),
+                      Dense(7), ReLU(), Dense()]
+    assert models.parse_spec(models.spec_string(layers)) == layers
+    assert models.parse_spec(" Conv8K5S , RELU,dense ") == [Conv(8, 5, "same"), ReLU(), Dense()]
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ("conv8,tanh,dense", "unknown layer 'tanh' (layer 2)"),
+    ("", "unknown layer ''"),
+    ("conv0k3,dense", "zero channels"),
+    ("dense0,dense", "zero outputs"),
+    ("conv8k4,dense", "kernel size must be odd"),
+    ("conv8k33,dense", "too small for a 33x33 valid conv"),
+    ("conv8k3s," + "pool," * 6 + "dense", "pool (layer 7): its 1x1 input is too small"),
+    ("dense16,conv8,dense", "flattened before"),
+    ("flatten,pool,dense", "flattened before"),
+    ("conv8k3,relu", "last layer must be the dense output layer"),
+    ("conv8k3,dense5", "must have 10 outputs"),
+    ("dense,dense", "only the output layer may omit its width"),
+])
+def test_bad_specs_are_one_clear_line(spec, message):
+    with pytest.raises(ValueError, match=re.escape(message)) as info:
+        models.build(spec, "cifar10")
+    assert "\n" not in str(info.value)
+
+
+def test_plan_fuses_relus_and_skips_free_flattens():
+    ops = [K.OP_NAMES[row[K.P_OP]] for row in models.build("lenet", "cifar10").workspace(2).plan]
+    assert ops == ["conv", "pool", "conv", "pool", "dense", "dense"]
+    plan = models.build("vgg-small", "cifar10").workspace(2).plan
+    assert [K.OP_NAMES[op] for op in plan[:, K.P_OP]] == [
+        "pad", "conv", "pool", "pad", "conv", "pool", "dense", "dense"]
+    assert plan[:, K.P_RELU].tolist() == [0, 0, 1, 0, 0, 1, 1, 0]
+    # nothing before the first conv needs a gradient
+    assert plan[:, K.P_GRAD].tolist() == [0, 0, 1, 1, 1, 1, 1, 1]
+    plan = models.build("conv3k3s,relu,dense", "cifar10").workspace(2).plan
+    assert [K.OP_NAMES[op] for op in plan[:, K.P_OP]] == [
+        "pad", "conv", "relu", "flatten", "dense"]
+
+
+@pytest.mark.parametrize("name", [*models.MODELS, "pool,conv3k5s,relu,conv2k1,flatten,dense"])
+def test_the_training_step_allocates_nothing(name):
+    """numba's runtime counts every array it allocates: a call of train_steps
+    allocates only its arguments' wrappers, the same for 0 steps as for 6."""
+    from numba.core.runtime import _nrt_python, rtsys
+
+    m = models.build(name, "cifar10")
+    params = m.init(0)
+    ws = m.workspace(4)
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (24, m.input_size), dtype=np.uint8)
+    labels = rng.integers(0, 10, 24)
+
+    def allocations(steps: int) -> int:
+        before = rtsys.get_allocation_stats().alloc
+        K.train_steps(K.Weights(params, np.zeros_like(params)), ws.buffers,
+                      K.Images(images, labels, *m.image_transform),
+                      K.Steps(np.arange(24), 0, steps, 4, 0.001, 0.5), np.zeros(6))
+        return rtsys.get_allocation_stats().alloc - before
+
+    was_enabled = _nrt_python.memsys_stats_enabled()
+    _nrt_python.memsys_enable_stats()
+    try:
+        allocations(1)  # compile
+        assert allocations(6) == allocations(0)
+    finally:
+        if not was_enabled:
+            _nrt_python.memsys_disable_stats()

@@ -1,0 +1,168 @@
+"""Mutation check: plant each of a list of bugs in the gate (or the worker
+loop, or the atomics) and run the tests that must catch it. Every mutant
+must be killed: a suite that passes with a bug planted in the gate is not
+done.
+
+    python tests/protocol/mutants.py            every mutant; exit 1 if one survives
+    python tests/protocol/mutants.py NAME ...   only these
+    python tests/protocol/mutants.py --list
+
+Each mutant runs in a temporary copy of iasgd/ and tests/ with the source
+edited, so the working tree is never touched; numba compiles the copy into
+its own cache. tests/protocol/test_mutants.py runs this script in the suite.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL_TESTS = ("tests/protocol/test_gate.py::test_interval_protocol_in_every_interleaving",
+               "tests/protocol/test_gate.py::test_unbounded_protocols_in_every_interleaving")
+ORDERING_TESTS = ("tests/protocol/test_atomics.py::test_stores_are_sequentially_consistent",)
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    why: str  # the bug it plants
+    path: str
+    old: str
+    new: str
+    tests: tuple[str, ...] = MODEL_TESTS
+
+
+MUTANTS = [
+    Mutant("y-store-before-publish",
+           "finish_apply writes the next Y while the old interval's word is still open "
+           "(the original gate: no CLOSED mark), so a late slot gets in under a larger y",
+           "iasgd/protocol/gate.py",
+           "    atomic_store(state, GEN_TAKEN, (gen << 32) | CLOSED)\n", ""),
+    Mutant("y-store-after-publish",
+           "finish_apply publishes the next interval before writing its Y, so slots of "
+           "the new interval are handed out under the old y",
+           "iasgd/protocol/gate.py",
+           "    y = atomic_load(state, Y_NEXT)\n    atomic_store(state, Y, y)\n"
+           "    if y > atomic_load(state, Y_MAX):\n        atomic_store(state, Y_MAX, y)\n"
+           "    atomic_add(state, INTERVALS, 1)\n"
+           "    atomic_store(state, GEN_TAKEN, (gen + 1) << 32)  # opens it\n",
+           "    y = atomic_load(state, Y_NEXT)\n    atomic_add(state, INTERVALS, 1)\n"
+           "    atomic_store(state, GEN_TAKEN, (gen + 1) << 32)  # opens it\n"
+           "    atomic_store(state, Y, y)\n"
+           "    if y > atomic_load(state, Y_MAX):\n        atomic_store(state, Y_MAX, y)\n"),
+    Mutant("y-read-after-count",
+           "finish_apply reads Y after counting its update, when another apply may have "
+           "opened the next interval with a smaller y",
+           "iasgd/protocol/gate.py",
+           "    y = atomic_load(state, Y)\n    if atomic_add(state, APPLIED, 1) + 1 < y:\n",
+           "    if atomic_add(state, APPLIED, 1) + 1 < atomic_load(state, Y):\n"),
+    Mutant("open-on-yth-accept",
+           "the next interval opens when its y-th slot is taken (the original C++ rule), "
+           "not after all y updates are applied",
+           "iasgd/protocol/gate.py",
+           "        if atomic_cas(state, GEN_TAKEN, word, word + 1) == word:\n"
+           "            return word >> 32\n",
+           "        if atomic_cas(state, GEN_TAKEN, word, word + 1) == word:\n"
+           "            if (word & _LOW32) + 1 == atomic_load(state, Y):\n"
+           "                atomic_store(state, APPLIED, 0)\n"
+           "                atomic_add(state, INTERVALS, 1)\n"
+           "                atomic_store(state, GEN_TAKEN, ((word >> 32) + 1) << 32)\n"
+           "            return word >> 32\n"),
+    Mutant("slot-before-ticket",
+           "the worker takes its interval slot before its ticket",
+           "iasgd/protocol/workers.py",
+           "        if not G.acquire_ticket(state, wid):\n            break\n"
+           "        t0 = monotonic_ns()\n        gen = G.enter_interval(state, wait)\n",
+           "        t0 = monotonic_ns()\n        gen = G.enter_interval(state, wait)\n"
+           "        if not G.acquire_ticket(state, wid):\n            break\n"),
+    Mutant("no-recheck-before-sleep",
+           "wait_for_slot sleeps without re-checking after announcing itself: an interval "
+           "that opened in between never wakes it",
+           "iasgd/protocol/gate.py",
+           "        gen = try_slot(state)\n        if gen < 0 and not stopped(state):\n",
+           "        gen = -1\n        if not stopped(state):\n"),
+    Mutant("no-recheck-before-allowance-sleep",
+           "wait_for_allowance sleeps without re-checking: a ticket given back in between "
+           "never wakes it",
+           "iasgd/protocol/gate.py",
+           "    if _no_allowance(state, have):\n        futex_wait(state, ALLOWANCE",
+           "    if True:\n        futex_wait(state, ALLOWANCE"),
+    Mutant("claim-ignores-generation",
+           "the drop gate's claim_slot accepts an update read in an earlier interval",
+           "iasgd/protocol/gate.py",
+           "        if (word >> 32) != gen or (word & _LOW32) >= atomic_load(state, Y):\n",
+           "        if (word & _LOW32) >= atomic_load(state, Y):\n"),
+    Mutant("monotonic-ordering",
+           "atomics use LLVM's monotonic ordering instead of seq_cst: a store and a later "
+           "load may be reordered, which loses wake-ups",
+           "iasgd/protocol/atomics.py",
+           '_ORDER = "seq_cst"', '_ORDER = "monotonic"', ORDERING_TESTS),
+]
+
+
+def plant(mutant: Mutant, into: Path) -> None:
+    """Copy the package and tests into `into`, with the mutant's edit made."""
+    for folder in ("iasgd", "tests"):
+        shutil.copytree(ROOT / folder, into / folder,
+                        ignore=shutil.ignore_patterns("__pycache__", ".hypothesis"))
+    target = into / mutant.path
+    source = target.read_text()
+    if source.count(mutant.old) != 1:
+        raise SystemExit(f"mutant {mutant.name}: its text is not found once in {mutant.path}; "
+                         "update tests/protocol/mutants.py to the current source")
+    target.write_text(source.replace(mutant.old, mutant.new))
+
+
+def run(mutant: Mutant, examples: int) -> tuple[bool, str, float]:
+    """(killed, by which test or why not, seconds)."""
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix=f"iasgd-mutant-{mutant.name}-") as tmp:
+        plant(mutant, Path(tmp))
+        env = {**os.environ, "PYTHONPATH": tmp, "IASGD_MODEL_EXAMPLES": str(examples)}
+        env.pop("NUMBA_CACHE_DIR", None)  # the copy compiles into its own cache
+        cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+               "--hypothesis-seed=0", "-o", "addopts=", *mutant.tests]
+        out = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True,
+                             timeout=600)
+    seconds = time.perf_counter() - t0
+    failed = [line.split(" ", 1)[1].split(" - ")[0] for line in out.stdout.splitlines()
+              if line.startswith("FAILED ")]
+    if out.returncode == 1 and failed:
+        return True, failed[0], seconds
+    if out.returncode == 0:
+        return False, "every test passed", seconds
+    return False, f"pytest exited {out.returncode}: {out.stdout[-400:]} {out.stderr[-400:]}", \
+        seconds
+
+
+def main(argv: list[str]) -> int:
+    if "--list" in argv:
+        for m in MUTANTS:
+            print(f"{m.name}: {m.why}")
+        return 0
+    chosen = [m for m in MUTANTS if not argv or m.name in argv]
+    unknown = set(argv) - {m.name for m in MUTANTS}
+    if unknown:
+        print(f"unknown mutant(s) {', '.join(sorted(unknown))}; see --list", file=sys.stderr)
+        return 2
+    examples = int(os.environ.get("IASGD_MUTANT_EXAMPLES", "1000"))
+    survivors = []
+    for m in chosen:
+        killed, by, seconds = run(m, examples)
+        print(f"{'killed  ' if killed else 'SURVIVED'} {m.name:34s} {seconds:5.1f} s  {by}",
+              flush=True)
+        if not killed:
+            survivors.append(m.name)
+    print(f"{len(chosen) - len(survivors)} of {len(chosen)} mutants killed")
+    return 1 if survivors else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

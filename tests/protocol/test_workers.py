@@ -1,0 +1,379 @@
+"""The parallel algorithms with real threads: stress runs of the interval gate
+(32 threads on this machine's cores, tiny steps), liveness with timeouts, the
+staleness each algorithm must report, and proof that the GIL is released."""
+
+from __future__ import annotations
+
+import threading
+
+import numba as nb
+import numpy as np
+import pytest
+
+from iasgd import data as datasets
+from iasgd import engine
+from iasgd.executors import threads
+from iasgd.nn import models
+from iasgd.protocol import gate as G
+from iasgd.protocol import workers as W
+from iasgd.protocol.atomics import cpu_relax
+
+TIMEOUT_S = 120
+TINY_N = 4000  # samples of the tiny problem: 1,000 updates per epoch at b=4
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """A tiny MLP problem: steps of microseconds, so the gate is the bottleneck."""
+    data = datasets.synthetic(seed=1, n_train=TINY_N, n_test=50, shape=(1, 4, 4), num_classes=2)
+    model = models.build("mlp", input_shape=(1, 4, 4), num_classes=2, hidden=(4,))
+    return model, data
+
+
+def train_with_timeout(model, data, cfg, timeout=TIMEOUT_S):
+    """engine.train in a thread: fail (instead of hanging the suite) on deadlock."""
+    box: dict = {}
+
+    def target():
+        try:
+            box["result"] = engine.train(model, data, cfg)
+        except BaseException as err:
+            box["error"] = err
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(timeout)
+    assert not t.is_alive(), f"deadlock: {cfg} did not finish in {timeout} s"
+    assert not any(th.name.startswith("iasgd-worker") for th in threading.enumerate())
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
+
+
+def check_accounting(result, cfg, quota):
+    hist = result.staleness_hist
+    assert hist.sum() == result.applied
+    assert result.computed == result.applied + result.dropped
+    for record in result.epochs:
+        if record.complete:
+            assert sum(record.staleness_hist) == quota
+    if result.status == "completed":
+        assert result.applied == cfg.epochs * quota
+    assert result.bound_violations == 0
+    bound = result.staleness_bound
+    if bound is not None:
+        assert result.staleness_max <= bound
+        assert np.flatnonzero(hist).max() <= bound
+
+
+@pytest.mark.parametrize("gate", ["wait", "drop"])
+@pytest.mark.parametrize("y", [1, 2, 3, 7, 64])
+def test_interval_stress_32_threads_keeps_the_bound(tiny, y, gate):
+    model, data = tiny
+    cfg = engine.TrainConfig(algo="interval", threads=32, interval=y, gate=gate, epochs=5,
+                             batch_size=4, lr=0.05)
+    result = train_with_timeout(model, data, cfg)
+    quota = engine.steps_per_epoch(TINY_N, 4)
+    check_accounting(result, cfg, quota)
+    assert result.intervals == result.applied // y  # every completed interval holds y
+    if gate == "wait":
+        assert result.dropped == 0
+    if y == 1:
+        assert result.staleness_hist[0] == result.applied
+
+
+@pytest.mark.parametrize(("algo", "threads", "y", "gate"), [
+    ("interval", 1, 1, "wait"),
+    ("interval", 1, 5, "drop"),
+    ("interval", 8, 3, "wait"),  # y < n
+    ("interval", 8, 3, "drop"),
+    ("interval", 3, 10**6, "wait"),  # y larger than the whole run
+    ("interval", 4, 7, "drop"),  # 1,000 updates per epoch: the run ends mid-interval
+    ("sync", 3, 1, "wait"),  # 1,000 gradients per epoch: a last round of 1
+    ("sync", 1, 1, "wait"),
+    ("async", 8, 1, "wait"),
+    ("hogwild", 8, 1, "wait"),
+])
+def test_liveness(tiny, algo, threads, y, gate):
+    model, data = tiny
+    cfg = engine.TrainConfig(algo=algo, threads=threads, interval=y, gate=gate, epochs=2,
+                             batch_size=4, lr=0.05)
+    result = train_with_timeout(model, data, cfg)
+    check_accounting(result, cfg, engine.steps_per_epoch(TINY_N, 4))
+
+
+@pytest.mark.parametrize("gate", ["wait", "drop"])
+def test_time_budget_stops_waiting_workers(gate):
+    data = datasets.synthetic(seed=0, n_train=40000, n_test=50)
+    model = models.build("lenet", "synthetic")
+    cfg = engine.TrainConfig(algo="interval", threads=6, interval=2, gate=gate, epochs=5,
+                             time_budget=0.5)
+    result = train_with_timeout(model, data, cfg)
+    assert result.status == "time_budget"
+    assert not result.epochs[-1].complete
+    check_accounting(result, cfg, engine.steps_per_epoch(40000, 16))
+
+
+def test_a_failing_worker_stops_the_run(tiny, monkeypatch):
+    model, data = tiny
+    real = W.async_worker
+    calls = {"n": 0}
+
+    def flaky(*args):
+        calls["n"] += 1
+        if calls["n"] == 3:  # the third call: a worker of the first epoch
+            raise MemoryError("simulated failure")
+        real(*args)
+
+    monkeypatch.setattr(W, "async_worker", flaky)
+    cfg = engine.TrainConfig(algo="interval", threads=4, interval=3, epochs=200, batch_size=4)
+    with pytest.raises(RuntimeError, match=r"worker \d+ failed: MemoryError: simulated failure"):
+        train_with_timeout(model, data, cfg)
+
+
+def test_cli_reports_a_failing_worker(monkeypatch, capsys, tmp_path):
+    def broken(*args):
+        raise ValueError("boom")
+
+    monkeypatch.setattr(W, "sync_worker", broken)
+    from iasgd import run
+
+    code = run.main(["--dataset", "synthetic", "--algo", "sync", "--threads", "2", "--quiet",
+                     "--out", str(tmp_path / "r.json")])
+    assert code == 1
+    assert "worker 0 failed: ValueError: boom" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("algo", ["hogwild", "async"])
+def test_unbounded_algorithms_report_real_staleness(algo):
+    data = datasets.synthetic(seed=0, n_train=2000, n_test=50)
+    model = models.build("lenet", "synthetic")
+    cfg = engine.TrainConfig(algo=algo, threads=8, epochs=1)
+    result = train_with_timeout(model, data, cfg)
+    check_accounting(result, cfg, engine.steps_per_epoch(2000, 16))
+    assert result.staleness_bound is None
+    # 8 threads with millisecond steps on a few cores overlap: real staleness
+    assert result.staleness_max > 0
+    assert result.staleness_hist[1:].sum() > 0
+
+
+def test_sync_has_zero_staleness(tiny):
+    model, data = tiny
+    cfg = engine.TrainConfig(algo="sync", threads=4, epochs=2, batch_size=4)
+    result = train_with_timeout(model, data, cfg)
+    assert result.staleness_hist[0] == result.applied
+
+
+@pytest.mark.parametrize("algo", ["sync", "async", "hogwild", "interval"])
+def test_parallel_algorithms_learn(algo):
+    data = datasets.synthetic(seed=0, n_train=3000, n_test=300)
+    model = models.build("lenet", "synthetic")
+    cfg = engine.TrainConfig(algo=algo, threads=3, interval=4, epochs=3, lr=0.02)
+    result = train_with_timeout(model, data, cfg)
+    assert result.epochs[-1].test_accuracy >= 0.95
+
+
+def test_the_gil_is_released_during_steps():
+    """Like numba's test_gil: two or more workers are inside the compiled step
+    at the same moment, which a held GIL would make impossible."""
+    data = datasets.synthetic(seed=0, n_train=2000, n_test=50)
+    model = models.build("lenet", "synthetic")
+    result = train_with_timeout(model, data, engine.TrainConfig(algo="hogwild", threads=4,
+                                                                epochs=1))
+    assert result.max_concurrent_steps >= 2
+    assert result.gil_fraction < 0.05
+
+
+# ------------------------------------------- 128 threads on a few cores
+
+@pytest.fixture(scope="module")
+def lenet_big():
+    """LeNet-5 and 2,500 updates per epoch: epochs far longer than the tests."""
+    return models.build("lenet", "synthetic"), datasets.synthetic(seed=0, n_train=40000,
+                                                                  n_test=50)
+
+
+def test_128_threads_stop_on_the_time_budget(lenet_big):
+    """The workers stop themselves at the deadline (the main thread may wait
+    long for a core): training time is the budget plus the steps in flight."""
+    model, data = lenet_big
+    cfg = engine.TrainConfig(algo="hogwild", threads=128, epochs=100, time_budget=2.0)
+    result = train_with_timeout(model, data, cfg)
+    # an idle machine finishes a 2,500-update epoch in under 2 s: the cut
+    # falls in whichever epoch runs at the deadline
+    assert result.status == "time_budget" and not result.epochs[-1].complete
+    assert 2.0 <= result.train_time_s <= 2.0 + 0.15, result.train_time_s
+
+
+def test_128_threads_stop_within_100_ms_of_ctrl_c(lenet_big):
+    """A real SIGINT to this process: its handler asks the run to stop; the
+    time until every worker has left and the checkpoint is taken. Best of
+    three tries, so one stall of a busy machine does not decide."""
+    import os
+    import signal
+    import time
+
+    model, data = lenet_big
+    latencies = []
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        for _ in range(3):
+            box: dict = {}
+            signal.signal(signal.SIGINT,
+                          lambda signum, frame, box=box: box.setdefault("flag", True))
+
+            def interrupt(box=box):
+                time.sleep(1.0)  # training is under way
+                box["sent"] = time.monotonic()
+                os.kill(os.getpid(), signal.SIGINT)
+
+            hooks = engine.Hooks(
+                should_stop=lambda box=box: "interrupted" if box.get("flag") else None,
+                on_checkpoint=lambda snap, box=box: box.setdefault("saved", time.monotonic()))
+            threading.Thread(target=interrupt, daemon=True).start()
+            cfg = engine.TrainConfig(algo="hogwild", threads=128, epochs=100)
+            result = engine.train(model, data, cfg, hooks)
+            assert result.status == "interrupted"
+            latencies.append(box["saved"] - box["sent"])
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert min(latencies) < 0.1, latencies
+    assert max(latencies) < 1.0, latencies
+
+
+def test_128_threads_decay_moves_y_mid_epoch(lenet_big):
+    model, data = lenet_big
+    cfg = engine.TrainConfig(algo="interval", threads=128, epochs=1, interval_schedule="decay",
+                             y0=64, y_min=4, decay_every=200, decay_by=16)
+    result = train_with_timeout(model, data, cfg)
+    quota = engine.steps_per_epoch(40000, 16)
+    ys = [y for _, applied, y in result.interval_trace if applied < quota]
+    assert ys[0] == 64 and len(ys) >= 4 and ys[-1] < 64, result.interval_trace
+    assert result.bound_violations == 0
+    assert result.staleness_max <= result.staleness_bound == 63
+
+
+# ------------------------------------- the compiled step against references
+
+
+def splitmix64(state: int) -> tuple[int, int]:
+    """Python reference of splitmix64: (new state, value), all mod 2**64."""
+    mask = (1 << 64) - 1
+    state = (state + 0x9E3779B97F4A7C15) & mask
+    z = state
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    return state, z ^ (z >> 31)
+
+
+def test_each_workers_stream_is_splitmix64():
+    rng = np.array([12345], np.uint64)
+    state = 12345
+    for _ in range(50):
+        state, expected = splitmix64(state)
+        assert int(W.next_random(rng)) == expected
+    idx = np.zeros(1000, np.int64)
+    W.draw_batch(idx, 7, np.array([1], np.uint64))
+    assert idx.min() == 0 and idx.max() == 6
+    assert abs(np.bincount(idx, minlength=7) / 1000 - 1 / 7).max() < 0.05
+
+
+def draws(seed: int, wid: int, b: int, count: int, steps: int) -> list[np.ndarray]:
+    """The batches worker wid draws in its first `steps` steps of a run."""
+    rng = np.array([W.stream_seed(seed, wid, 0)], np.uint64)
+    out = []
+    for _ in range(steps):
+        idx = np.zeros(b, np.int64)
+        W.draw_batch(idx, count, rng)
+        out.append(idx)
+    return out
+
+
+def images_of(model, data, idx):
+    """The batch as the Python API takes it: floats in [0, 1], labels."""
+    return data.x_train[idx].astype(np.float32) / 255.0, data.y_train[idx]
+
+
+@pytest.fixture(scope="module")
+def small_lenet():
+    return models.build("lenet", "synthetic"), datasets.synthetic(seed=4, n_train=48, n_test=8)
+
+
+def test_a_sync_round_is_one_sgd_step_on_the_mean_gradient(small_lenet):
+    """3 threads, 48 images at b = 16: one epoch is one round of 3 gradients
+    at the same parameters, averaged and applied as one momentum step."""
+    model, data = small_lenet
+    cfg = engine.TrainConfig(algo="sync", threads=3, epochs=1, lr=0.05, momentum=0.5, seed=2)
+    result = train_with_timeout(model, data, cfg)
+    params = model.init(2)
+    grads = [model.loss_and_grad(params, *images_of(model, data, draws(2, w, 16, 48, 1)[0]))[1]
+             .astype(np.float64) for w in range(3)]
+    velocity = np.mean(grads, axis=0)  # from zero: v = mean gradient
+    expected = params - 0.05 * velocity
+    np.testing.assert_allclose(result.params, expected, rtol=1e-4, atol=1e-6)
+    assert result.applied == 3 and result.staleness_hist[0] == 3
+
+
+def test_the_threaded_step_applies_the_lr_factor_table(small_lenet):
+    """One hogwild worker (tau is always 0) with factor 0.25 at tau = 0: the
+    compiled loop matches a numpy loop of momentum steps at lr * 0.25."""
+    model, data = small_lenet
+    cfg = engine.TrainConfig(algo="hogwild", threads=1, epochs=2, lr=0.04, momentum=0.5, seed=5)
+    run = threads.ThreadedRun(model, data, cfg)
+    run.team.lr_factors[0] = 0.25
+    result = run.run(engine.Hooks())
+    params = model.init(5).astype(np.float64)
+    velocity = np.zeros_like(params)
+    for idx in draws(5, 0, 16, 48, 6):
+        _, grad = model.loss_and_grad(params.astype(np.float32), *images_of(model, data, idx))
+        velocity = 0.5 * velocity + grad
+        params -= 0.04 * 0.25 * velocity
+    np.testing.assert_allclose(result.params, params, rtol=1e-3, atol=1e-5)
+
+
+@nb.njit(nogil=True, cache=True)
+def _locked_increments(state, counter, m, spin):
+    for _ in range(m):
+        G.lock(state)
+        seen = counter[0]  # a plain read-modify-write: only the lock makes it safe
+        for _ in range(spin):
+            cpu_relax()
+        counter[0] = seen + 1
+        G.unlock(state)
+
+
+def test_the_async_lock_excludes():
+    state, counter = G.new_state(), np.zeros(1, np.int64)
+    _locked_increments(state, counter, 1, 0)
+    counter[0] = 0
+    workers = [threading.Thread(target=_locked_increments, args=(state, counter, 20_000, 20))
+               for _ in range(4)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join(60)
+    assert counter[0] == 4 * 20_000
+
+
+@pytest.mark.parametrize(("algo", "extra"), [
+    ("sequential", {}), ("hogwild", {}), ("async", {}), ("sync", {}),
+    ("interval", {"interval": 4, "gate": "wait"}), ("interval", {"interval": 4, "gate": "drop"}),
+])
+def test_every_algorithm_trains_a_spec_model(algo, extra):
+    """Any layer list goes through the same plan: a tiny conv net with a same
+    conv, a valid conv, a pool and a flatten of a wide map learns with
+    every algorithm (3 threads), and in the simulator."""
+    from iasgd.executors import simulated as sim
+
+    data = datasets.synthetic(seed=2, n_train=600, n_test=200, shape=(2, 8, 8), num_classes=3)
+    model = models.build("conv4k3s,relu,pool,conv4k3,relu,dense8,relu,dense",
+                         input_shape=(2, 8, 8), num_classes=3)
+    threads = 1 if algo == "sequential" else 3
+    epochs = 12 if algo == "sync" else 4  # sync makes one update of 3 gradients per round
+    cfg = engine.TrainConfig(algo=algo, threads=threads, epochs=epochs, batch_size=8, lr=0.05,
+                             **extra)
+    result = train_with_timeout(model, data, cfg)
+    assert result.epochs[-1].test_accuracy >= 0.9, result.epochs[-1]
+    if algo != "sequential":
+        simulated = sim.simulate(model, data, cfg, sim.lognormal_steps(1e-3, 0.2), cores=3)
+        assert simulated.epochs[-1].test_accuracy >= 0.9, simulated.epochs[-1]
