@@ -1,4 +1,29 @@
-"""iasgd: fast parallel SGD on the cores of one machine (Interval-Asynchrony
-and its baselines), with numba-compiled kernels.
+"""iasgd: fast parallel SGD on the cores of one machine (and across machines
+on Ray): Interval-Asynchrony and its baselines, with numba-compiled kernels.
 
-The numba settings (jit flags, on-disk cache directory) are in iasgd.compiled."""
+The Python API, in one import:
+
+    from iasgd import TrainConfig, build, load, train
+
+    data = load("synthetic")                       # or "cifar10", "fashion-mnist", ...
+    model = build("lenet", "synthetic")            # a preset or a layer spec
+    result = train(model, data, TrainConfig(algo="interval", threads=4, epochs=1))
+    print(result.epochs[-1].test_accuracy)
+
+Layers, bottom up (docs/architecture.md): `nn` (kernels, models) and
+`protocol` (atomics, gate, workers: compiled, nopython), `data`, then the
+algorithm table, configuration, schedules and results at the top level, the
+`executors` (sequential, threads, simulated, cluster, Ray) that drive the
+protocol, `engine.train`, and the entry points `python -m iasgd.run` and
+`python -m iasgd.plot`. The numba settings are in iasgd.compiled.
+"""
+
+from iasgd.config import ConfigError, TrainConfig
+from iasgd.data import DataError, Dataset, load
+from iasgd.engine import train
+from iasgd.executors.simulated import simulate
+from iasgd.nn.models import Model, build
+from iasgd.results import EpochRecord, Hooks, RunResult, Snapshot, Status
+
+__all__ = ["ConfigError", "DataError", "Dataset", "EpochRecord", "Hooks", "Model", "RunResult",
+           "Snapshot", "Status", "TrainConfig", "build", "load", "simulate", "train"]

@@ -12,6 +12,7 @@ import pytest
 
 from iasgd import data as datasets
 from iasgd import engine, files, results
+from iasgd.executors import sequential
 from iasgd.nn import models
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -127,7 +128,7 @@ def test_sequential_epoch_with_a_short_last_batch_matches_a_numpy_loop():
     model = models.build("lenet", "synthetic")
     cfg = engine.TrainConfig(epochs=1, lr=0.03, momentum=0.5, seed=3)
     result = engine.train(model, data, cfg)
-    order = engine.shuffle_streams(3).permutation(40)
+    order = sequential.shuffle_streams(3).permutation(40)
     params = model.init(3).astype(np.float64)
     velocity = np.zeros_like(params)
     losses = []

@@ -22,6 +22,7 @@ from iasgd.algorithms import ALGORITHMS
 from iasgd.config import TrainConfig, eval_points, steps_per_epoch
 from iasgd.data import Dataset
 from iasgd.executors.cluster import Node, ParameterServer, Push
+from iasgd.executors.epochs import TrainingClock, run_epochs
 from iasgd.nn.models import Model
 from iasgd.results import (
     HIST_BINS,
@@ -189,80 +190,64 @@ class RayRun:
 
     def run(self, hooks: Hooks, checkpoint_every: int = 0) -> RunResult:
         try:
-            result = self._epochs(hooks, checkpoint_every)
+            result = run_epochs(self, hooks, checkpoint_every)
         finally:
             self._shutdown()
+        if result.status == "nodes_lost":  # its checkpoint is written
+            raise ClusterError("every node was lost, so the run stopped; its checkpoint is "
+                               "saved (--resume it on a working cluster)")
         return result
 
-    def _epochs(self, hooks: Hooks, checkpoint_every: int) -> RunResult:
-        cfg, r, ray = self.cfg, self.result, self.ray
-        while self.epoch <= cfg.epochs:
-            start = (self.epoch - 1) * self.quota
-            end = self.epoch * self.quota
-            hooks.on_epoch_start(self.epoch, self.quota * cfg.batch_size)
-            clock = time.perf_counter() - self.epoch_time
-            reason = None
-            done = start
-            for limit in eval_points(start, end, cfg.eval_every):
-                ray.get(self.server.allow.remote(limit))
-                done, reason, clock = self._wait_for(limit, start, clock, hooks)
-                if reason or done < limit:
-                    break
-                if limit < end:  # an eval_every boundary, outside the training clock
-                    t = time.perf_counter()
-                    record_eval(r, self.model, self.data, self._params(),
-                                seconds=r.train_time_s + t - clock, applied=done)
-                    clock += time.perf_counter() - t
-            self.epoch_time = time.perf_counter() - clock
-            if reason is not None:
-                ray.get(self.server.stop.remote())
-                r.status = reason
-            if r.status == Status.DIVERGED:
-                r.diverged_at = {"epoch": self.epoch, "step": done - start + 1}
-            if r.status not in (Status.COMPLETED, Status.TIME_BUDGET, Status.DIVERGED):
-                self._finish()
-                hooks.on_checkpoint(self.snapshot())  # mid-epoch: a resume continues here
-                if r.status == "nodes_lost":
-                    raise ClusterError("every node was lost, so the run stopped; its "
-                                       "checkpoint is saved (--resume it on a working "
-                                       "cluster)")
-                return r
-            if r.status == Status.TIME_BUDGET:
-                self._finish()
-                hooks.on_checkpoint(self.snapshot())
-            self._record_epoch(hooks, done - start)
-            if r.status != Status.COMPLETED:
-                break
-            self.epoch, self.epoch_time = self.epoch + 1, 0.0
-            if self.epoch > cfg.epochs or (checkpoint_every and
-                                           (self.epoch - 1) % checkpoint_every == 0):
-                self._finish()
-                hooks.on_checkpoint(self.snapshot())
-        self._finish()
-        return r
+    def epoch_samples(self) -> int:
+        return self.quota * self.cfg.batch_size
 
-    def _wait_for(self, limit: int, start: int, clock: float, hooks: Hooks
-                  ) -> tuple[int, str | None, float]:
+    def train_epoch(self, hooks: Hooks) -> int:
+        cfg, r, ray = self.cfg, self.result, self.ray
+        start = (self.epoch - 1) * self.quota
+        end = self.epoch * self.quota
+        clock = TrainingClock(self.epoch_time)
+        reason = None
+        done = start
+        for limit in eval_points(start, end, cfg.eval_every):
+            ray.get(self.server.allow.remote(limit))
+            done, reason = self._wait_for(limit, start, clock, hooks)
+            if reason or done < limit:
+                break
+            if limit < end:  # an eval_every boundary, outside the training clock
+                t = time.perf_counter()
+                record_eval(r, self.model, self.data, self._params(),
+                            seconds=r.train_time_s + clock.elapsed(), applied=done)
+                clock.exclude(time.perf_counter() - t)
+        self.epoch_time = clock.elapsed()
+        if reason is not None:
+            ray.get(self.server.stop.remote())
+            r.status = reason
+        if r.status == Status.DIVERGED:
+            r.diverged_at = {"epoch": self.epoch, "step": done - start + 1}
+        return done - start
+
+    def _wait_for(self, limit: int, start: int, clock: TrainingClock, hooks: Hooks
+                  ) -> tuple[int, str | None]:
         """Watch the run until `limit` updates are applied at the server or
-        it must stop. Returns the updates applied, why it stops (a Status,
-        "nodes_lost", or None), and the epoch's clock start."""
+        it must stop. Returns the updates applied and why it stops (a
+        Status, "nodes_lost", or None)."""
         cfg, r, ray = self.cfg, self.result, self.ray
         last_done, last_t = start, time.perf_counter()
         while True:
             progress = ray.get(self.server.wait_progress.remote(limit, POLL_S))
             done = progress["done"]
             if progress["diverged"]:
-                return done, Status.DIVERGED, clock
+                return done, Status.DIVERGED
             if done >= limit:
-                return done, None, clock
+                return done, None
             if not self._watch_nodes():
-                return done, "nodes_lost", clock
+                return done, "nodes_lost"
             why = hooks.should_stop()
             if why:
-                return done, why, clock
+                return done, why
             now = time.perf_counter()
-            if cfg.over_budget(r.train_time_s + now - clock):
-                return done, Status.TIME_BUDGET, clock
+            if cfg.over_budget(r.train_time_s + clock.elapsed()):
+                return done, Status.TIME_BUDGET
             hooks.on_progress((done - start) * cfg.batch_size,
                               Live(updates_per_s=(done - last_done) / max(now - last_t, 1e-9),
                                    y=progress["y"]))
@@ -290,7 +275,7 @@ class RayRun:
     def _params(self) -> np.ndarray:
         return self.ray.get(self.server.get_params.remote())
 
-    def _record_epoch(self, hooks: Hooks, applied: int) -> None:
+    def record_epoch(self, hooks: Hooks, applied: int) -> None:
         r, cfg = self.result, self.cfg
         r.train_time_s += self.epoch_time
         r.samples += applied * cfg.batch_size
@@ -306,7 +291,10 @@ class RayRun:
                         accuracy=record.test_accuracy)
         hooks.on_epoch_end(record)
 
-    def _finish(self) -> None:
+    def next_epoch(self) -> None:
+        self.epoch, self.epoch_time = self.epoch + 1, 0.0
+
+    def finish(self) -> None:
         """Bring the run-wide figures up to date from the server (and the
         nodes' figures once they have ended)."""
         r = self.result
@@ -350,6 +338,6 @@ class RayRun:
                 with contextlib.suppress(gone):
                     self.figures[node] = ray.get(ref)
         with contextlib.suppress(gone):
-            self._finish()
+            self.finish()
         for h in [*self.handles, self.server]:
             ray.kill(h)

@@ -33,15 +33,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from iasgd.algorithms import ALGORITHMS, POLICIES
+from iasgd.algorithms import ALGORITHMS
 from iasgd.config import ConfigError, TrainConfig, check_data, steps_per_epoch
 from iasgd.data import Dataset
+from iasgd.executors.arrays import WorkerArrays
+from iasgd.executors.epochs import run_epochs
 from iasgd.nn import kernels as K
 from iasgd.nn.models import Model
 from iasgd.protocol import gate as G
 from iasgd.protocol import workers as W
-from iasgd.results import HIST_BINS, RunResult, Status, record_epoch, summarize
-from iasgd.schedules import MONITOR_SECONDS, Controllers, lr_factors
+from iasgd.results import Hooks, RunResult, Status, record_epoch, summarize
+from iasgd.schedules import MONITOR_SECONDS, Controllers
 
 SIMULATED_ALGOS = tuple(a.name for a in ALGORITHMS.values() if a.simulated)
 
@@ -86,40 +88,24 @@ class _Worker:
     reading: bool = True  # its next CPU time starts a step: slot (wait gate), then the read
 
 
-class _Sim:
-    """The event loop. A core runs a worker for a time slice; a worker that
-    finishes its step inside its slice goes straight on with the next one (as
-    under a real scheduler), otherwise it queues again."""
+class _Sim(WorkerArrays):
+    """The event loop, on the workers' arrays (iasgd.executors.arrays). A
+    core runs a worker for a time slice; a worker that finishes its step
+    inside its slice goes straight on with the next one (as under a real
+    scheduler), otherwise it queues again."""
 
     def __init__(self, model: Model, data: Dataset, cfg: TrainConfig,
                  step_time: Callable[[np.random.Generator], float], cores: int, quantum: float,
                  result: RunResult):
-        n, P = cfg.threads, model.num_params
+        quota = steps_per_epoch(data.x_train.shape[0], cfg.batch_size)
+        control = Controllers(cfg, quota, result)
+        # steps run one at a time: one workspace, and every read is a copy
+        super().__init__(model, data, cfg, model.init(cfg.seed), control, one_workspace=True)
+        self.seed_streams(cfg.seed, 0)
         self.cfg, self.step_time, self.cores, self.quantum = cfg, step_time, cores, quantum
-        self.result = result
-        self.quota = steps_per_epoch(data.x_train.shape[0], cfg.batch_size)
-        self.control = Controllers(cfg, self.quota, result)
-        self.state = self.control.new_gate()
-        self.params = model.init(cfg.seed)
-        self.factors = lr_factors(cfg.lr_schedule, HIST_BINS, n)
-        self.probe = np.zeros(8, np.int64)
-        self.counters = np.zeros((n, W.COUNTER_COLUMNS), np.int64)
-        self.hist = np.zeros((n, HIST_BINS), np.int64)
-        self.losses = np.zeros((n, 1), np.float64)
-        self.run_hist = np.zeros(HIST_BINS, np.int64)
-        self.local = np.zeros((n, P), np.float32)  # each worker's read; sync: its gradient
-        rngs = np.array([[W.stream_seed(cfg.seed, w, 0)] for w in range(n)], np.uint64)
-        algo = ALGORITHMS[cfg.algo]
-        self.plan = W.Plan(max(algo.code, 0), POLICIES[cfg.gate].code, cfg.lr, cfg.momentum)
-        self.shared = W.Shared(self.state, self.probe, self.params, np.zeros_like(self.params),
-                               self.factors, self.control.monitor.ring)
-        images = data.x_train.reshape(data.x_train.shape[0], -1)
-        self.inputs = W.Inputs(images, data.y_train, *model.image_transform)
-        ws = model.workspace(cfg.batch_size)  # steps run one at a time: one workspace
-        self.own = [W.new_own(ws, self.local[w], self.counters[w], self.hist[w],
-                              self.losses[w], rngs[w]) for w in range(n)]
+        self.result, self.quota, self.control = result, quota, control
         self.rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 3]))  # step times
-        self.workers = [_Worker() for _ in range(n)]
+        self.workers = [_Worker() for _ in range(cfg.threads)]
         self.runnable: deque[int] = deque()
         self.waiting: deque[int] = deque()  # wait gate: holding a ticket, no slot
         self.parked: list[int] = []  # outside the active thread count m
@@ -130,7 +116,7 @@ class _Sim:
         self.budget = cfg.time_budget if cfg.time_budget is not None else math.inf
         self.next_tick = 0.0
         self.stop: Status | None = None
-        self.waits_for_slot = algo.bound == "interval" and cfg.gate == "wait"
+        self.waits_for_slot = ALGORITHMS[cfg.algo].bound == "interval" and cfg.gate == "wait"
 
     def applied(self) -> int:
         return int(self.counters[:, W.APPLIED].sum())
@@ -182,7 +168,7 @@ class _Sim:
         if not K.all_finite(self.params):
             self.stop = Status.DIVERGED
         self.control.step(self.now, self.applied(), int(self.probe[W.LOSS_POS]), self.state,
-                          self.factors, lambda: self.run_hist + self.hist.sum(axis=0))
+                          self.lr_factors, self.staleness_so_far)
         woken = [w for w in self.parked if w < self.state[G.M]]
         self.parked = [w for w in self.parked if w >= self.state[G.M]]
         self.runnable.extend(w for w in woken if self.start_step(w))
@@ -248,12 +234,12 @@ class _Sim:
             if self.now + round_s > self.budget:
                 self.now, self.stop = self.budget, Status.TIME_BUDGET
                 break
-            losses = [W.round_gradient(self.shared, self.inputs, self.own[w], self.local[w])
+            losses = [W.round_gradient(self.shared, self.inputs, self.own[w], self.grads[w])
                       for w in range(active)]
             if not all(math.isfinite(loss) for loss in losses):
                 self.stop = Status.DIVERGED
                 break
-            W.apply_round(self.plan, self.shared, self.local, active, 0, P,
+            W.apply_round(self.plan, self.shared, self.grads, active, 0, P,
                           self.own[0].grad)
             for w, loss in enumerate(losses):
                 W.record_update(self.own[w], self.shared, 0, loss)
@@ -264,13 +250,69 @@ class _Sim:
                 self.steer()
 
 
+class SimulatedRun:
+    """The simulator as an Executor of iasgd.executors.epochs: epochs of
+    simulated time. Its runs are not checkpointed."""
+
+    def __init__(self, model: Model, data: Dataset, cfg: TrainConfig,
+                 step_time: Callable[[np.random.Generator], float], cores: int, quantum: float):
+        self.model, self.data, self.cfg = model, data, cfg
+        self.result = RunResult(status=Status.COMPLETED)
+        self.sim = _Sim(model, data, cfg, step_time, cores, quantum, self.result)
+        self.result.params = self.sim.params
+        self.epoch = 1
+        self.epoch_start = 0.0  # simulated seconds
+
+    def epoch_samples(self) -> int:
+        return self.sim.quota * self.cfg.batch_size
+
+    def train_epoch(self, hooks: Hooks) -> int:
+        sim, r = self.sim, self.result
+        self.epoch_start, applied_before = sim.now, sim.applied()
+        sim.steer()
+        sim.run_epoch(self.epoch * sim.quota)
+        if sim.stop is None and not K.all_finite(sim.params):
+            sim.stop = Status.DIVERGED
+        applied = sim.applied() - applied_before
+        if sim.stop == Status.DIVERGED:
+            r.diverged_at = {"epoch": self.epoch, "step": applied + 1}
+        if sim.stop is not None:
+            r.status = sim.stop
+        return applied
+
+    def record_epoch(self, hooks: Hooks, applied: int) -> None:
+        sim = self.sim
+        if self.epoch == 1:
+            sim.control.end_of_first_epoch(int(sim.probe[W.LOSS_POS]))
+        hist, loss_sum = sim.end_epoch_stats()
+        record = record_epoch(self.result, self.model, self.data, sim.params, epoch=self.epoch,
+                              applied=applied, quota=sim.quota, batch_size=self.cfg.batch_size,
+                              seconds=sim.now - self.epoch_start, loss_sum=loss_sum, hist=hist,
+                              end_s=sim.now)
+        hooks.on_epoch_end(record)
+
+    def next_epoch(self) -> None:
+        self.epoch += 1
+
+    def finish(self) -> None:
+        sim, r = self.sim, self.result
+        sim.control.logs()
+        r.train_time_s = sim.now
+        r.samples = sim.applied() * self.cfg.batch_size
+        summarize(r, self.cfg.algo, sim.counters, sim.state, sim.run_hist, sim.probe)
+
+    def snapshot(self) -> None:
+        """Simulated runs are not checkpointed."""
+
+
 def simulate(model: Model, data: Dataset, cfg: TrainConfig,
              step_time: Callable[[np.random.Generator], float], cores: int | None = None,
-             quantum: float = 0.004) -> RunResult:
+             quantum: float = 0.004, hooks: Hooks | None = None) -> RunResult:
     """Train as cfg says, with the staleness that cfg.threads workers on
     `cores` cores (default: one each) would produce under `step_time`.
     Returns a RunResult whose wall times (and time budget) are simulated
-    seconds."""
+    seconds. hooks: on_epoch_start and on_epoch_end are called (at simulated
+    epoch ends); progress and stop requests are not."""
     cfg.check()
     check_data(model, data, cfg)
     if cfg.eval_every:
@@ -280,33 +322,6 @@ def simulate(model: Model, data: Dataset, cfg: TrainConfig,
         raise ValueError(f"the simulator covers --algo {', '.join(SIMULATED_ALGOS)}, "
                          f"not {cfg.algo}")
     cores = cores or cfg.threads
-    result = RunResult(status=Status.COMPLETED)
-    sim = _Sim(model, data, cfg, step_time, cores,
-               quantum if cores < cfg.threads else math.inf, result)
-    result.params = sim.params
-    for epoch in range(1, cfg.epochs + 1):
-        start, applied_before = sim.now, sim.applied()
-        sim.steer()
-        sim.run_epoch(epoch * sim.quota)
-        if sim.stop is None and not K.all_finite(sim.params):
-            sim.stop = Status.DIVERGED
-        applied = sim.applied() - applied_before
-        if sim.stop == Status.DIVERGED:
-            result.diverged_at = {"epoch": epoch, "step": applied + 1}
-        if epoch == 1:
-            sim.control.end_of_first_epoch(int(sim.probe[W.LOSS_POS]))
-        epoch_hist = sim.hist.sum(axis=0)
-        sim.run_hist += epoch_hist
-        record_epoch(result, model, data, sim.params, epoch=epoch, applied=applied,
-                     quota=sim.quota, batch_size=cfg.batch_size, seconds=sim.now - start,
-                     loss_sum=float(sim.losses.sum()), hist=epoch_hist, end_s=sim.now)
-        sim.hist[:] = 0
-        sim.losses[:] = 0
-        if sim.stop is not None:
-            result.status = sim.stop
-            break
-    sim.control.logs()
-    result.train_time_s = sim.now
-    result.samples = sim.applied() * cfg.batch_size
-    summarize(result, cfg.algo, sim.counters, sim.state, sim.run_hist, sim.probe)
-    return result
+    run = SimulatedRun(model, data, cfg, step_time, cores,
+                       quantum if cores < cfg.threads else math.inf)
+    return run_epochs(run, hooks or Hooks())

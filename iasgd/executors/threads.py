@@ -21,15 +21,16 @@ from collections.abc import Callable
 
 import numpy as np
 
-from iasgd.algorithms import ALGORITHMS, POLICIES
+from iasgd.algorithms import ALGORITHMS
 from iasgd.config import TrainConfig, eval_points, steps_per_epoch
 from iasgd.data import Dataset
+from iasgd.executors.arrays import WorkerArrays
+from iasgd.executors.epochs import TrainingClock, run_epochs
 from iasgd.nn import kernels as K
 from iasgd.nn.models import Model
 from iasgd.protocol import gate as G
 from iasgd.protocol import workers as W
 from iasgd.results import (
-    HIST_BINS,
     Hooks,
     Live,
     RunResult,
@@ -41,7 +42,7 @@ from iasgd.results import (
     result_meta,
     summarize,
 )
-from iasgd.schedules import MONITOR_SECONDS, Controllers, lr_factors
+from iasgd.schedules import MONITOR_SECONDS, Controllers
 
 WORKER_NICE = 10  # added to an oversubscribed worker's nice value (Linux)
 
@@ -61,41 +62,16 @@ def _yield_to_the_main_thread() -> None:
                                                  + WORKER_NICE))
 
 
-class Team:
-    """The worker threads of one run and every array they share or own."""
+class Team(WorkerArrays):
+    """The worker threads of one run, on the arrays they share or own
+    (iasgd.executors.arrays)."""
 
     def __init__(self, model: Model, data: Dataset, cfg: TrainConfig, params: np.ndarray,
                  control: Controllers):
-        n, P = cfg.threads, model.num_params
+        super().__init__(model, data, cfg, params, control)
         self.cfg = cfg
-        self.params = params
-        self.velocity = np.zeros_like(params)
-        self.state = control.new_gate()
-        self.ring = control.monitor.ring
-        self.probe = np.zeros(8, np.int64)
-        self.lr_factors = lr_factors(cfg.lr_schedule, HIST_BINS, n)  # tail: ones until sampled
-        # async reads a consistent snapshot into a private copy; sync averages
-        # the rows of one (n, P) gradient array
-        algo = ALGORITHMS[cfg.algo]
-        self.local = np.zeros((n, P if algo.snapshot else 1), np.float32)
-        self.grads = np.zeros((n, P if algo.loop == "sync" else 1), np.float32)
-        self.senses = np.zeros((n, 1), np.int64)
-        self.rngs = np.zeros((n, 1), np.uint64)
-        self.counters = np.zeros((n, W.COUNTER_COLUMNS), np.int64)
-        # this epoch's staleness histogram and loss sum of each worker, folded
-        # into run_hist and the epoch record when the epoch ends
-        self.hist = np.zeros((n, HIST_BINS), np.int64)
-        self.losses = np.zeros((n, 1), np.float64)
-        self.run_hist = np.zeros(HIST_BINS, np.int64)
-        self.plan = W.Plan(max(algo.code, 0), POLICIES[cfg.gate].code, cfg.lr, cfg.momentum)
-        self.shared = W.Shared(self.state, self.probe, self.params, self.velocity,
-                               self.lr_factors, self.ring)
-        images = data.x_train.reshape(data.x_train.shape[0], -1)
-        self.inputs = W.Inputs(images, data.y_train, *model.image_transform)
-        self.own = [W.new_own(model.workspace(cfg.batch_size), self.local[w], self.counters[w],
-                              self.hist[w], self.losses[w], self.rngs[w]) for w in range(n)]
-        self.python_s = np.zeros(n)
-        self.alive_s = np.zeros(n)
+        self.python_s = np.zeros(cfg.threads)
+        self.alive_s = np.zeros(cfg.threads)
         self.errors: list[tuple[int, BaseException]] = []
         self.threads: list[threading.Thread] = []
 
@@ -116,8 +92,7 @@ class Team:
         """Start every worker thread and wait until all are running; they
         sleep until the first allowance. segment: how often the run was
         resumed (it seeds the workers' random streams)."""
-        for wid in range(self.cfg.threads):
-            self.rngs[wid] = W.stream_seed(self.cfg.seed, wid, segment)
+        self.seed_streams(self.cfg.seed, segment)
         ready = [threading.Event() for _ in range(self.cfg.threads)]
         self.threads = [threading.Thread(target=self._worker_main, args=(wid, ready[wid]),
                                          name=f"iasgd-worker-{wid}", daemon=True)
@@ -181,19 +156,7 @@ class Team:
     def steer(self, control: Controllers, now: float) -> None:
         """Let the schedules look at this team's run and steer it."""
         control.step(now, self.total(W.APPLIED), int(self.probe[W.LOSS_POS]), self.state,
-                     self.lr_factors, lambda: self.run_hist + self.hist.sum(axis=0))
-
-    def end_epoch_stats(self) -> tuple[np.ndarray, float]:
-        """Fold this epoch's per-worker histograms into the run's; reset them
-        and the loss sums. Returns the epoch's histogram and loss sum."""
-        epoch_hist, loss_sum = self.hist.sum(axis=0), float(self.losses.sum())
-        self.run_hist += epoch_hist
-        self.hist[:] = 0
-        self.losses[:] = 0
-        return epoch_hist, loss_sum
-
-    def total(self, column: int) -> int:
-        return int(self.counters[:, column].sum())
+                     self.lr_factors, self.staleness_so_far)
 
     def live(self, applied_before: int, seconds: float) -> Live:
         applied = self.total(W.APPLIED)
@@ -249,108 +212,94 @@ class ThreadedRun:
         self.team.warm_up()
         self.team.start(self.segment)
         try:
-            result = self._epochs(hooks, checkpoint_every)
+            result = run_epochs(self, hooks, checkpoint_every)
         finally:
             self.team.join()
-        self._finish()
+        self.finish()
         return result
 
-    def _epochs(self, hooks: Hooks, checkpoint_every: int) -> RunResult:
-        cfg, team, control, r = self.cfg, self.team, self.control, self.result
-        while self.epoch <= cfg.epochs:
-            start = (self.epoch - 1) * self.quota  # applied updates before this epoch
-            hooks.on_epoch_start(self.epoch, self.quota * cfg.batch_size)
-            # the epoch's start on the training clock; each evaluation inside
-            # the epoch moves it on by its own duration
-            clock = [time.perf_counter() - self.epoch_time]
-            reason: list[str] = []
+    def epoch_samples(self) -> int:
+        return self.quota * self.cfg.batch_size
 
-            def tick(clock: list = clock, start: int = start, reason: list = reason) -> bool:
-                # a stop first: with many threads per core this thread may
-                # get a core only every few hundred ms
-                why = hooks.should_stop()
-                if why:
-                    reason.append(why)
-                    return True
-                elapsed = time.perf_counter() - clock[0]
-                if not K.all_finite(team.params):  # a loss can stay finite on dead units
-                    G.mark_diverged(team.state)
-                team.steer(control, r.train_time_s + elapsed)
-                hooks.on_progress((team.total(W.APPLIED) - start) * cfg.batch_size,
-                                  team.live(start, elapsed))
-                if cfg.over_budget(r.train_time_s + elapsed):  # if no worker could see it
-                    reason.append(Status.TIME_BUDGET)
-                    return True
-                return False
-
-            team.steer(control, r.train_time_s)
-            if cfg.time_budget is not None:  # the workers stop themselves on time
-                spent = r.train_time_s + time.perf_counter() - clock[0]
-                team.state[G.DEADLINE] = time.monotonic_ns() + int(
-                    (cfg.time_budget - spent) * 1e9)
-            end = self.epoch * self.quota
-            for limit in eval_points(int(team.state[G.DONE]), end, cfg.eval_every):
-                team.run_until(limit, tick)
-                if limit == end:
-                    break
-                # a boundary reached is evaluated even if a stop came with it (a
-                # resume goes on after it), but not when the budget ran out there:
-                # the cut epoch's record is that evaluation
-                reached = (int(team.state[G.DONE]) == limit and not team.state[G.EXPIRED]
-                           and Status.TIME_BUDGET not in reason)
-                if (reached and not self._evaluate_inside_epoch(clock)) or reason \
-                        or G.stopped(team.state):
-                    break
-            self.epoch_time = time.perf_counter() - clock[0]
-            if team.state[G.EXPIRED] and not reason:
-                reason.append(Status.TIME_BUDGET)
-            if not K.all_finite(team.params):
-                G.mark_diverged(team.state)
-            applied = team.total(W.APPLIED) - start
-            if team.state[G.DIVERGED]:
-                r.status = Status.DIVERGED
-                r.diverged_at = {"epoch": self.epoch, "step": applied + 1}
-            elif reason:
-                r.status = reason[0]
-            if r.status not in (Status.COMPLETED, Status.TIME_BUDGET, Status.DIVERGED):
-                self._finish()
-                hooks.on_checkpoint(self.snapshot())  # mid-epoch: resume continues here
-                return r
-            if r.status == Status.TIME_BUDGET:  # before the cut epoch is recorded: a resume ends it
-                self._finish()
-                hooks.on_checkpoint(self.snapshot())
-            if self.epoch == 1:
-                control.end_of_first_epoch(int(team.probe[W.LOSS_POS]))
-            self._record_epoch(hooks, applied)
-            if r.status != Status.COMPLETED:
+    def train_epoch(self, hooks: Hooks) -> int:
+        cfg, team, r = self.cfg, self.team, self.result
+        self._start = (self.epoch - 1) * self.quota  # applied updates before this epoch
+        self._clock = TrainingClock(self.epoch_time)
+        self._hooks, self._reason = hooks, None
+        team.steer(self.control, r.train_time_s)
+        if cfg.time_budget is not None:  # the workers stop themselves on time
+            spent = r.train_time_s + self._clock.elapsed()
+            team.state[G.DEADLINE] = time.monotonic_ns() + int((cfg.time_budget - spent) * 1e9)
+        end = self.epoch * self.quota
+        for limit in eval_points(int(team.state[G.DONE]), end, cfg.eval_every):
+            team.run_until(limit, self._tick)
+            if limit == end:
                 break
-            self.epoch, self.epoch_time = self.epoch + 1, 0.0
-            if checkpoint_due(self.epoch, cfg.epochs, checkpoint_every):
-                self._finish()
-                hooks.on_checkpoint(self.snapshot())
-        self._finish()
-        return r
+            # a boundary reached is evaluated even if a stop came with it (a
+            # resume goes on after it), but not when the budget ran out there:
+            # the cut epoch's record is that evaluation
+            reached = (int(team.state[G.DONE]) == limit and not team.state[G.EXPIRED]
+                       and self._reason != Status.TIME_BUDGET)
+            if (reached and not self._evaluate_inside_epoch()) or self._reason \
+                    or G.stopped(team.state):
+                break
+        self.epoch_time = self._clock.elapsed()
+        if team.state[G.EXPIRED] and not self._reason:
+            self._reason = Status.TIME_BUDGET
+        if not K.all_finite(team.params):
+            G.mark_diverged(team.state)
+        applied = team.total(W.APPLIED) - self._start
+        if team.state[G.DIVERGED]:
+            r.status = Status.DIVERGED
+            r.diverged_at = {"epoch": self.epoch, "step": applied + 1}
+        elif self._reason:
+            r.status = self._reason
+        return applied
 
-    def _evaluate_inside_epoch(self, clock: list[float]) -> bool:
+    def _tick(self) -> bool:
+        """What the main thread does every MONITOR_SECONDS while an epoch
+        runs; True: stop the workers (self._reason says why)."""
+        cfg, team, r = self.cfg, self.team, self.result
+        # a stop first: with many threads per core this thread may get a
+        # core only every few hundred ms
+        why = self._hooks.should_stop()
+        if why:
+            self._reason = self._reason or why
+            return True
+        elapsed = self._clock.elapsed()
+        if not K.all_finite(team.params):  # a loss can stay finite on dead units
+            G.mark_diverged(team.state)
+        team.steer(self.control, r.train_time_s + elapsed)
+        self._hooks.on_progress((team.total(W.APPLIED) - self._start) * cfg.batch_size,
+                                team.live(self._start, elapsed))
+        if cfg.over_budget(r.train_time_s + elapsed):  # if no worker could see it
+            self._reason = self._reason or Status.TIME_BUDGET
+            return True
+        return False
+
+    def _evaluate_inside_epoch(self) -> bool:
         """At an eval_every boundary, with every allowed update written and
         the workers asleep: append the test accuracy to result.evals and move
-        the training clock (clock[0], the epoch's start) and the workers'
-        deadline on by the time it took. False if the parameters diverged."""
+        the training clock and the workers' deadline on by the time it took.
+        False if the parameters diverged."""
         team, r = self.team, self.result
-        t = time.perf_counter()
         if not K.all_finite(team.params):
             G.mark_diverged(team.state)
             return False
+        t = time.perf_counter()
         record_eval(r, self.model, self.data, team.params,
-                    seconds=r.train_time_s + t - clock[0], applied=int(team.state[G.DONE]))
+                    seconds=r.train_time_s + self._clock.elapsed(),
+                    applied=int(team.state[G.DONE]))
         spent = time.perf_counter() - t
-        clock[0] += spent
+        self._clock.exclude(spent)
         if self.cfg.time_budget is not None:
             team.state[G.DEADLINE] += int(spent * 1e9)
         return True
 
-    def _record_epoch(self, hooks: Hooks, applied: int) -> None:
+    def record_epoch(self, hooks: Hooks, applied: int) -> None:
         r, team = self.result, self.team
+        if self.epoch == 1:
+            self.control.end_of_first_epoch(int(team.probe[W.LOSS_POS]))
         r.train_time_s += self.epoch_time
         r.samples += applied * self.cfg.batch_size
         hist, loss_sum = team.end_epoch_stats()
@@ -363,14 +312,12 @@ class ThreadedRun:
                         applied=int(team.state[G.DONE]), accuracy=record.test_accuracy)
         hooks.on_epoch_end(record)
 
-    def _finish(self) -> None:
+    def next_epoch(self) -> None:
+        self.epoch, self.epoch_time = self.epoch + 1, 0.0
+
+    def finish(self) -> None:
         """Bring the run-wide figures of the result up to date."""
         team, r = self.team, self.result
         self.control.logs()
         summarize(r, self.cfg.algo, team.counters, team.state, team.run_hist, team.probe)
         r.gil_fraction = float(team.python_s.sum() / max(team.alive_s.sum(), 1e-9))
-
-
-def checkpoint_due(next_epoch: int, epochs: int, every: int) -> bool:
-    """A checkpoint every `every` epochs (0: none) and after the last one."""
-    return next_epoch > epochs or (every > 0 and (next_epoch - 1) % every == 0)

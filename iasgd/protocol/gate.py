@@ -86,7 +86,6 @@ DEADLINE = 24  # monotonic ns at which the time budget runs out (0: none)
 EXPIRED = 25  # nonzero: a worker found the deadline passed and stopped the run
 STATE_SIZE = 32
 
-POLICIES = ("drop", "wait")
 DROP, WAIT = 0, 1
 UNBOUNDED = 1 << 31  # y of an algorithm without intervals (never closes one)
 CLOSED = 1 << 31  # `taken` of a closing interval: at least any y
