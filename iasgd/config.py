@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from iasgd import options as O
 from iasgd import schedules as S
 from iasgd.algorithms import ALGORITHMS, POLICIES
+from iasgd.options import option
 from iasgd.protocol import gate as G
 
 if TYPE_CHECKING:
@@ -33,57 +35,100 @@ class ConfigError(ValueError):
         return _FIELD.sub(lambda m: m.group(1), self.template)
 
     def for_cli(self) -> str:
-        return _FIELD.sub(lambda m: "--" + m.group(1).replace("_", "-"), self.template)
+        return _FIELD.sub(lambda m: O.flag(m.group(1)), self.template)
 
 
 _FIELD = re.compile(r"\{([a-z0-9_]+)\}")
 BACKENDS = ("threads", "ray")
+MAX_THREADS = 1024  # far beyond any CPU this runs on; a typo guard
+# The --help groups of TrainConfig's options (iasgd.run adds its own around them).
+TRAINING = "training"
+ADAPTIVE = "adaptive strategies (defaults: the paper's artifact)"
+CLUSTER = "cluster (nodes of --threads threads on Ray; docs/cluster.md)"
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Every knob of a training run; the CLI option of field `a_b` is `--a-b`."""
+    """Every knob of a training run, each declared with its command-line
+    option (iasgd.options): field `a_b` is `--a-b`."""
 
-    batch_size: int = 16
-    lr: float = 0.005
-    momentum: float = 0.5
-    epochs: int = 3
-    time_budget: float | None = None  # seconds of training, evaluation excluded
-    seed: int = 0
-    # evaluate the test accuracy every this many applied updates (0: at epoch
-    # ends only), outside the training clock; into RunResult.evals
-    eval_every: int = 0
-    algo: str = "sequential"  # a name in iasgd.algorithms.ALGORITHMS
-    threads: int = 1
-    interval: int = 16  # y of a fixed interval size, and y0 of a schedule by default
-    gate: str = "wait"  # interval policy, a name in iasgd.algorithms.POLICIES
-    # schedules of y (docs/algorithms.md; defaults are the paper artifact's)
-    interval_schedule: str = "fixed"
-    y0: int | None = None  # None: `interval`
-    y_min: int = 4
-    decay_every: int = 4096  # q
-    decay_by: int = 1  # z
-    probe_offset: int = 16  # W
-    probe_step: int = 4  # S
-    probe_steps: int = 1024  # P: applied updates per probe (also of the thread window)
-    exec_steps: int = 8192  # X: applied updates per execute phase
-    probe_loss_scale: float = 0.9  # L
-    loss_window: int | None = None  # steps of the smoothed loss; None: 3 epochs
+    algo: str = option("sequential", "; ".join(f"{a.name}: {a.help}" for a in ALGORITHMS.values()),
+                       group=TRAINING, choices=ALGORITHMS)
+    threads: int = option(1, f"worker threads n (at most {MAX_THREADS})", group=TRAINING,
+                          parse=O.positive_int)
+    interval: int = option(16, "interval size y of --algo interval: staleness stays <= y - 1",
+                           group=TRAINING, metavar="Y", parse=O.positive_int)
+    gate: str = option("wait", "interval policy; " + "; ".join(f"{p.name}: {p.help}"
+                                                               for p in POLICIES.values()),
+                       group=TRAINING, choices=POLICIES)
+    batch_size: int = option(16, "mini-batch size b", group=TRAINING, parse=O.positive_int)
+    lr: float = option(0.005, "step size eta", group=TRAINING, parse=O.positive_float)
+    momentum: float = option(0.5, "heavy-ball momentum in [0, 1)", group=TRAINING,
+                             parse=O.below_one)
+    epochs: int = option(3, "epochs of ceil(N_train / b) applied updates", group=TRAINING,
+                         parse=O.positive_int)
+    time_budget: float | None = option(
+        None, "stop after this much training time (evaluation excluded)", group=TRAINING,
+        metavar="SECONDS", parse=O.positive_float, default_text="no limit")
+    seed: int = option(0, "seed of initialisation and shuffling", group=TRAINING,
+                       parse=O.integer)
+    eval_every: int = option(
+        0, "also measure the test accuracy every N applied updates, outside the training "
+           "clock, into the results' evals (0: at epoch ends only)",
+        group=TRAINING, metavar="N", parse=O.nonneg_int)
+    # schedules of y (docs/algorithms.md)
+    interval_schedule: str = option("fixed", "how y moves while training (algo interval)",
+                                    group=ADAPTIVE, choices=S.INTERVAL_SCHEDULES)
+    y0: int | None = option(None, "starting y of a schedule", group=ADAPTIVE,
+                            parse=O.positive_int, default_text="--interval")
+    y_min: int = option(4, "smallest y a schedule uses", group=ADAPTIVE, parse=O.positive_int)
+    decay_every: int = option(4096, "decay: applied updates between decrements", group=ADAPTIVE,
+                              metavar="Q", parse=O.positive_int)
+    decay_by: int = option(1, "decay: decrement of y", group=ADAPTIVE, metavar="Z",
+                           parse=O.positive_int)
+    probe_offset: int = option(16, "probe: half-width of the probe window", group=ADAPTIVE,
+                               metavar="W", parse=O.positive_int)
+    probe_step: int = option(4, "probe: distance between probed values", group=ADAPTIVE,
+                             metavar="S", parse=O.positive_int)
+    probe_steps: int = option(1024, "probe and thread window: applied updates per probed value",
+                              group=ADAPTIVE, metavar="P", parse=O.positive_int)
+    exec_steps: int = option(8192, "probe and thread window: applied updates per execute phase",
+                             group=ADAPTIVE, metavar="X", parse=O.positive_int)
+    probe_loss_scale: float = option(
+        0.9, "probe: window scale s = L * loss/loss_first + (1 - L)", group=ADAPTIVE,
+        metavar="L", parse=O.unit_float)
+    loss_window: int | None = option(None, "steps in the smoothed training loss", group=ADAPTIVE,
+                                     metavar="STEPS", parse=O.positive_int,
+                                     default_text="3 epochs")
     # adaptive thread count
-    threads_schedule: str = "fixed"
-    window: int = 8  # w
-    m0: int | None = None  # None: threads
+    threads_schedule: str = option(
+        "fixed", "window: probe the number of active threads m (elastic baseline)",
+        group=ADAPTIVE, choices=S.THREAD_SCHEDULES)
+    window: int = option(8, "thread window: m is probed over m0 - w/2 .. m0 + w/2, clipped to "
+                            "[1, --threads]", group=ADAPTIVE, metavar="w", parse=O.positive_int)
+    m0: int | None = option(None, "thread window: starting m", group=ADAPTIVE,
+                            parse=O.positive_int, default_text="--threads")
     # staleness-adaptive step size
-    lr_schedule: str = "none"
-    tail_amplitude: float = 1.0
-    # where the threads run: "threads" (this machine) or "ray" (nodes of
-    # `threads` threads each, exchanging updates with a parameter server;
-    # iasgd.executors.cluster)
-    backend: str = "threads"
-    nodes: int = 2  # ray: node actors (each trains with `threads` threads)
-    sync_every: int = 16  # ray: K, updates a node applies between its exchanges
-    node_interval: int | None = None  # ray, algo interval: y over node pushes (None: nodes)
-    node_gate: str = "wait"  # ray, algo interval: the cluster gate's policy
+    lr_schedule: str = option(
+        "none", "staleness-adaptive step size: factor 1/(tau+1), exp(-beta tau), or TAIL-tau "
+                "from the early staleness distribution", group=ADAPTIVE, choices=S.LR_SCHEDULES)
+    tail_amplitude: float = option(1.0, "tail: factor 1 + A (1 - 2 F(tau))", group=ADAPTIVE,
+                                   metavar="A", parse=O.unit_float)
+    # where the threads run (iasgd.executors.cluster; docs/cluster.md)
+    backend: str = option(
+        "threads", "threads: this machine; ray: --nodes nodes exchanging updates with a "
+                   "parameter server (needs pip install -e '.[ray]')",
+        group=CLUSTER, choices=BACKENDS)
+    nodes: int = option(2, "ray: node actors, each training with --threads threads",
+                        group=CLUSTER, parse=O.positive_int)
+    sync_every: int = option(16, "ray: updates a node applies between its exchanges with the "
+                                 "server", group=CLUSTER, metavar="K", parse=O.positive_int)
+    node_interval: int | None = option(
+        None, "ray, --algo interval: y over node pushes, so staleness between nodes stays "
+              "<= y - 1", group=CLUSTER, metavar="Y", parse=O.positive_int,
+        default_text="--nodes")
+    node_gate: str = option("wait", "ray, --algo interval: the cluster gate's policy (as --gate)",
+                            group=CLUSTER, choices=POLICIES)
 
     @property
     def start_y(self) -> int:
@@ -152,9 +197,6 @@ class TrainConfig:
                 raise ConfigError(f"{{{name}}} must be in [0, 1], got {getattr(self, name)}")
         if self.loss_window is not None and self.loss_window < 1:
             raise ConfigError(f"{{loss_window}} must be >= 1, got {self.loss_window}")
-
-
-FIELDS = tuple(f.name for f in fields(TrainConfig))
 
 
 def eval_points(done: int, end: int, every: int) -> list[int]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
-import math
 import os
 import signal
 import sys
@@ -18,12 +17,14 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
-from iasgd import checkpoints, engine, files, results, schedules
+from iasgd import checkpoints, engine, files, results
 from iasgd import data as datasets
-from iasgd.algorithms import ALGORITHMS, POLICIES
-from iasgd.config import BACKENDS, ConfigError
+from iasgd import options as O
+from iasgd.algorithms import ALGORITHMS
+from iasgd.config import ADAPTIVE, CLUSTER, MAX_THREADS, TRAINING, ConfigError, TrainConfig
 from iasgd.executors import simulated as sim
 from iasgd.nn import models
+from iasgd.options import option
 from iasgd.protocol import workers
 
 EXIT_USAGE = 2
@@ -31,7 +32,6 @@ EXIT_FAILED = 1
 EXIT_DIVERGED = 3
 EXIT_SIGINT = 130
 EXIT_SIGTERM = 143
-MAX_THREADS = 1024  # far beyond any CPU this runs on; a typo guard
 # Seconds numba takes to compile, with an empty cache, on a 2-core VM (2026-11):
 # the training step with every layer kernel, and a parallel worker loop on top.
 KERNELS_COMPILE_S = 45
@@ -47,190 +47,93 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return value
+MODEL_AND_DATA = "model and data"
+SIMULATION = "simulation (staleness of many threads, computed on one core)"
+OUTPUT = "output"
+GROUPS = (MODEL_AND_DATA, TRAINING, ADAPTIVE, SIMULATION, CLUSTER, OUTPUT)  # --help's order
 
 
-def _nonneg_int(text: str) -> int:
-    value = _int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
+# Here rather than in iasgd.config: these are the command line's own options
+# (the data, the simulator, the cluster's address, the output), which neither
+# the engine nor TrainConfig take, and they need iasgd.data and iasgd.nn.
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    """The options of a run besides TrainConfig's, each declared with its
+    command-line option (iasgd.options): field `a_b` is `--a-b`."""
+
+    dataset: str = option("cifar10", "training data; synthetic needs no files",
+                          group=MODEL_AND_DATA, choices=datasets.DATASETS)
+    model: str = option(
+        "lenet", "a preset: lenet (LeNet-5 as in the paper), mlp (dense layers with ReLU), "
+                 "vgg-small (two 3x3 conv blocks of 32 and 64 channels); or a layer spec such "
+                 "as conv32k3s,relu,pool,dense128,relu,dense (grammar: docs/models.md)",
+        group=MODEL_AND_DATA, metavar="MODEL")
+    hidden: tuple[int, ...] | None = option(
+        None, "hidden widths of the mlp, comma-separated", group=MODEL_AND_DATA,
+        parse=O.widths, default_text=",".join(map(str, models.DEFAULT_HIDDEN)))
+    data_dir: str | None = option(None, "where archives and caches live", group=MODEL_AND_DATA,
+                                  default_text=f"${datasets.DATA_DIR_ENV}, else ./data")
+    archive: str | None = option(
+        None, "dataset archive under another name or path (for Fashion-MNIST: the directory "
+              "of its four .gz files)", group=MODEL_AND_DATA)
+    simulate: bool = option(
+        False, "simulate --threads workers instead of running them (sync, async, hogwild, "
+               "interval, with their schedules); times, throughput and --time-budget are in "
+               "simulated seconds", group=SIMULATION)
+    sim_cores: int | None = option(None, "cores the simulated workers share", group=SIMULATION,
+                                   parse=O.positive_int, default_text="one each")
+    sim_step_spread: float | None = option(
+        None, "lognormal step times with this spread around the measured mean",
+        group=SIMULATION, metavar="SIGMA", parse=O.positive_float,
+        default_text="draw from measured single-thread step times")
+    address: str | None = option(
+        None, "ray: the cluster to join (auto: the one this machine belongs to)", group=CLUSTER,
+        metavar="HOST:PORT", default_text="start a local Ray with --nodes node actors")
+    out: str = option("results.json", "results JSON (config, status, per-epoch records), "
+                                      "written atomically", group=OUTPUT)
+    quiet: bool = option(False, "print only errors", group=OUTPUT)
+    checkpoint: str | None = option(
+        None, "checkpoint file (HDF5), written at the end of the run (--resume it with more "
+              "--epochs to extend the run), on Ctrl-C/SIGTERM and every --checkpoint-every "
+              "epochs", group=OUTPUT, metavar="PATH",
+        default_text="beside --out, as NAME.ckpt.h5")
+    checkpoint_every: int = option(
+        0, "also write the checkpoint every this many epochs (0: only at the end and when "
+           "stopped)", group=OUTPUT, metavar="EPOCHS", parse=O.nonneg_int)
+    no_checkpoint: bool = option(
+        False, "write no checkpoint at all (a stopped run cannot be resumed)", group=OUTPUT)
+    resume: str | None = option(
+        None, "continue the run saved in this checkpoint, with its configuration (--epochs, "
+              "--time-budget and output options may change)", group=OUTPUT, metavar="PATH")
 
 
-def _int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-
-
-def _finite_float(text: str, *, low: float, strict: bool) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not math.isfinite(value) or value < low or (strict and value == low):
-        bound = f"> {low:g}" if strict else f">= {low:g}"
-        raise argparse.ArgumentTypeError(f"must be a finite number {bound}, got {text}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    return _finite_float(text, low=0.0, strict=True)
-
-
-def _momentum(text: str) -> float:
-    value = _finite_float(text, low=0.0, strict=False)
-    if value >= 1:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text}")
-    return value
-
-
-def _unit_float(text: str) -> float:
-    value = _finite_float(text, low=0.0, strict=False)
-    if value > 1:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
-    return value
-
-
-def _widths(text: str) -> tuple[int, ...]:
-    try:
-        widths = tuple(int(part) for part in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated positive integers like 128,128,128, got {text!r}") from None
-    if not widths or min(widths) < 1:
-        raise argparse.ArgumentTypeError(f"widths must be positive, got {text!r}")
-    return widths
+EXIT_CODES = {0: "completed, or stopped by --time-budget",
+              EXIT_FAILED: "failed (a worker or every node)",
+              EXIT_USAGE: "bad input: one line on stderr, before any work",
+              EXIT_DIVERGED: "diverged (the loss is not finite); the results so far are written",
+              EXIT_SIGINT: "Ctrl-C: stopped, with a checkpoint (unless --no-checkpoint) and the "
+                           "results so far",
+              EXIT_SIGTERM: "SIGTERM: stopped, as for Ctrl-C"}
+EPILOG = "\n".join([
+    "examples:",
+    "  python -m iasgd.run --dataset synthetic --algo interval --threads 8",
+    "  python -m iasgd.run --resume results.ckpt.h5 --epochs 6   (train a saved run on)",
+    "",
+    "exit codes:",
+    *(f"  {code:<4} {meaning}" for code, meaning in EXIT_CODES.items())])
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The parser of every option: one flag per field of TrainConfig and RunOptions."""
     p = _Parser(
         prog="python -m iasgd.run",
-        description="Train a small CNN or MLP with parallel SGD on this machine's cores.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Train a small CNN or MLP with parallel SGD, on the threads of this machine\n"
+                    "or on the nodes of a Ray cluster, and write its results JSON.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # the epilog's lines as written
         allow_abbrev=False,  # a resume must see exactly which options were given
     )
-    g = p.add_argument_group("model and data")
-    g.add_argument("--dataset", choices=datasets.DATASETS, default="cifar10",
-                   help="training data; synthetic needs no files")
-    g.add_argument("--model", default="lenet", metavar="MODEL",
-                   help="a preset: lenet (LeNet-5 as in the paper), mlp (dense layers with "
-                        "ReLU), vgg-small (two 3x3 conv blocks of 32 and 64 channels); or a "
-                        "layer spec such as conv32k3s,relu,pool,dense128,relu,dense "
-                        "(grammar: docs/models.md)")
-    g.add_argument("--hidden", type=_widths, default=None,
-                   help="hidden widths of the mlp, comma-separated (default 128,128,128)")
-    g.add_argument("--data-dir", default=None,
-                   help="where archives and caches live (default $IASGD_DATA, else ./data)")
-    g.add_argument("--archive", default=None,
-                   help="dataset archive under another name or path (for Fashion-MNIST: "
-                        "the directory of its four .gz files)")
-    g = p.add_argument_group("training")
-    g.add_argument("--algo", choices=ALGORITHMS, default="sequential",
-                   help="; ".join(f"{a.name}: {a.help}" for a in ALGORITHMS.values()))
-    g.add_argument("--threads", type=_positive_int, default=1,
-                   help=f"worker threads n (at most {MAX_THREADS})")
-    g.add_argument("--interval", type=_positive_int, default=16, metavar="Y",
-                   help="interval size y of --algo interval: staleness stays <= y - 1")
-    g.add_argument("--gate", choices=POLICIES, default="wait",
-                   help="interval policy; " + "; ".join(f"{p.name}: {p.help}"
-                                                        for p in POLICIES.values()))
-    g.add_argument("--batch-size", type=_positive_int, default=16, help="mini-batch size b")
-    g.add_argument("--lr", type=_positive_float, default=0.005, help="step size eta")
-    g.add_argument("--momentum", type=_momentum, default=0.5,
-                   help="heavy-ball momentum in [0, 1)")
-    g.add_argument("--epochs", type=_positive_int, default=3,
-                   help="epochs of ceil(N_train / b) applied updates")
-    g.add_argument("--time-budget", type=_positive_float, default=None, metavar="SECONDS",
-                   help="stop after this much training time (evaluation excluded)")
-    g.add_argument("--seed", type=_int, default=0, help="seed of initialisation and shuffling")
-    g.add_argument("--eval-every", type=_nonneg_int, default=0, metavar="N",
-                   help="also measure the test accuracy every N applied updates, outside the "
-                        "training clock, into the results' evals (0: at epoch ends only)")
-    g = p.add_argument_group("adaptive strategies (defaults: the paper's artifact)")
-    g.add_argument("--interval-schedule", choices=schedules.INTERVAL_SCHEDULES, default="fixed",
-                   help="how y moves while training (algo interval)")
-    g.add_argument("--y0", type=_positive_int, default=None,
-                   help="starting y of a schedule (default: --interval)")
-    g.add_argument("--y-min", type=_positive_int, default=4, help="smallest y a schedule uses")
-    g.add_argument("--decay-every", type=_positive_int, default=4096, metavar="Q",
-                   help="decay: applied updates between decrements")
-    g.add_argument("--decay-by", type=_positive_int, default=1, metavar="Z",
-                   help="decay: decrement of y")
-    g.add_argument("--probe-offset", type=_positive_int, default=16, metavar="W",
-                   help="probe: half-width of the probe window")
-    g.add_argument("--probe-step", type=_positive_int, default=4, metavar="S",
-                   help="probe: distance between probed values")
-    g.add_argument("--probe-steps", type=_positive_int, default=1024, metavar="P",
-                   help="probe and thread window: applied updates per probed value")
-    g.add_argument("--exec-steps", type=_positive_int, default=8192, metavar="X",
-                   help="probe and thread window: applied updates per execute phase")
-    g.add_argument("--probe-loss-scale", type=_unit_float, default=0.9, metavar="L",
-                   help="probe: window scale s = L * loss/loss_first + (1 - L)")
-    g.add_argument("--loss-window", type=_positive_int, default=None, metavar="STEPS",
-                   help="steps in the smoothed training loss (default: 3 epochs)")
-    g.add_argument("--threads-schedule", choices=schedules.THREAD_SCHEDULES, default="fixed",
-                   help="window: probe the number of active threads m (elastic baseline)")
-    g.add_argument("--window", type=_positive_int, default=8, metavar="w",
-                   help="thread window: m is probed over m0 - w/2 .. m0 + w/2, clipped to "
-                        "[1, --threads]")
-    g.add_argument("--m0", type=_positive_int, default=None,
-                   help="thread window: starting m (default: --threads)")
-    g.add_argument("--lr-schedule", choices=schedules.LR_SCHEDULES, default="none",
-                   help="staleness-adaptive step size: factor 1/(tau+1), exp(-beta tau), or "
-                        "TAIL-tau from the early staleness distribution")
-    g.add_argument("--tail-amplitude", type=_unit_float, default=1.0, metavar="A",
-                   help="tail: factor 1 + A (1 - 2 F(tau))")
-    g = p.add_argument_group("simulation (staleness of many threads, computed on one core)")
-    g.add_argument("--simulate", action="store_true",
-                   help="simulate --threads workers instead of running them (sync, async, "
-                        "hogwild, interval, with their schedules); times, throughput and "
-                        "--time-budget are in simulated seconds")
-    g.add_argument("--sim-cores", type=_positive_int, default=None,
-                   help="cores the simulated workers share (default: one each)")
-    g.add_argument("--sim-step-spread", type=_positive_float, default=None, metavar="SIGMA",
-                   help="lognormal step times with this spread around the measured mean "
-                        "(default: draw from measured single-thread step times)")
-    g = p.add_argument_group("cluster (nodes of --threads threads on Ray; docs/cluster.md)")
-    g.add_argument("--backend", choices=BACKENDS, default="threads",
-                   help="threads: this machine; ray: --nodes nodes exchanging updates with a "
-                        "parameter server (needs pip install -e '.[ray]')")
-    g.add_argument("--address", default=None, metavar="HOST:PORT",
-                   help="ray: the cluster to join (auto: the one this machine belongs to); "
-                        "default: start a local Ray with --nodes node actors")
-    g.add_argument("--nodes", type=_positive_int, default=2,
-                   help="ray: node actors, each training with --threads threads")
-    g.add_argument("--sync-every", type=_positive_int, default=16, metavar="K",
-                   help="ray: updates a node applies between its exchanges with the server")
-    g.add_argument("--node-interval", type=_positive_int, default=None, metavar="Y",
-                   help="ray, --algo interval: y over node pushes, so staleness between "
-                        "nodes stays <= y - 1 (default: --nodes)")
-    g.add_argument("--node-gate", choices=POLICIES, default="wait",
-                   help="ray, --algo interval: the cluster gate's policy (as --gate)")
-    g = p.add_argument_group("output")
-    g.add_argument("--out", default="results.json",
-                   help="results JSON (config, status, per-epoch records), written atomically")
-    g.add_argument("--quiet", action="store_true", help="print only errors")
-    g.add_argument("--checkpoint", default=None, metavar="PATH",
-                   help="checkpoint file (HDF5), written at the end of the run (--resume it "
-                        "with more --epochs to extend the run), on Ctrl-C/SIGTERM and every "
-                        "--checkpoint-every epochs (default: beside --out, as NAME.ckpt.h5)")
-    g.add_argument("--checkpoint-every", type=_nonneg_int, default=0, metavar="EPOCHS",
-                   help="also write the checkpoint every this many epochs (0: only at the end "
-                        "and when stopped)")
-    g.add_argument("--no-checkpoint", action="store_true",
-                   help="write no checkpoint at all (a stopped run cannot be resumed)")
-    g.add_argument("--resume", default=None, metavar="PATH",
-                   help="continue the run saved in this checkpoint, with its configuration "
-                        "(--epochs, --time-budget and output options may change)")
+    O.add_options(p, TrainConfig, RunOptions, groups=GROUPS)
     return p
 
 
@@ -252,8 +155,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         raise UsageError(f"--seed must be >= 0, got {args.seed}")
     _check_writable_file("--out", args.out)
     if args.no_checkpoint and (args.checkpoint is not None or args.checkpoint_every):
-        option = "--checkpoint" if args.checkpoint is not None else "--checkpoint-every"
-        raise UsageError(f"--no-checkpoint and {option} contradict each other; drop one")
+        other = "--checkpoint" if args.checkpoint is not None else "--checkpoint-every"
+        raise UsageError(f"--no-checkpoint and {other} contradict each other; drop one")
     if args.checkpoint is not None:
         _check_writable_file("--checkpoint", args.checkpoint)
     if args.archive is not None and not Path(args.archive).exists():
@@ -294,19 +197,19 @@ def _check_ray(args: argparse.Namespace) -> None:
             raise UsageError(str(e)) from None
 
 
-def _check_writable_file(option: str, path: str) -> None:
+def _check_writable_file(flag: str, path: str) -> None:
     """The file can be created: its directory exists and takes a new file
     (tried for real: permission bits say nothing for root or a read-only mount)."""
     directory = Path(path).resolve().parent
     if Path(path).is_dir():
-        raise UsageError(f"{option} {path} is a directory; give a file name")
+        raise UsageError(f"{flag} {path} is a directory; give a file name")
     if not directory.is_dir():
-        raise UsageError(f"{option} {path}: directory {directory} does not exist; create it first")
+        raise UsageError(f"{flag} {path}: directory {directory} does not exist; create it first")
     try:
         with tempfile.TemporaryFile(dir=directory):
             pass
     except OSError as e:
-        raise UsageError(f"{option} {path}: cannot write in {directory} ({e.strerror})") from None
+        raise UsageError(f"{flag} {path}: cannot write in {directory} ({e.strerror})") from None
 
 
 def run_config(args: argparse.Namespace) -> dict:
@@ -319,9 +222,10 @@ def run_config(args: argparse.Namespace) -> dict:
     return cfg
 
 
-def train_config(args: argparse.Namespace) -> engine.TrainConfig:
-    names = {f.name for f in dataclasses.fields(engine.TrainConfig)}
-    return engine.TrainConfig(**{k: v for k, v in vars(args).items() if k in names})
+def train_config(args: argparse.Namespace) -> TrainConfig:
+    """The TrainConfig of the options: each of its fields, taken by name (a
+    field missing from `args` is an AttributeError, never its default)."""
+    return TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
 
 
 class Display:
@@ -429,12 +333,12 @@ def resumed_args(args: argparse.Namespace, argv: list[str]) -> tuple[argparse.Na
         if name in saved and saved[name] != _comparable(getattr(args, name)):
             what = ("model or dataset" if name in ("model", "dataset", "hidden")
                     else "training options")
-            option = "--" + name.replace("_", "-")
-            raise UsageError(f"--resume {args.resume} continues a run with {option} "
+            raise UsageError(f"--resume {args.resume} continues a run with {O.flag(name)} "
                              f"{saved[name]}, not {getattr(args, name)}: a resume cannot change "
                              f"the {what}; start a new run instead")
-    merged = {**saved, **{k: getattr(args, k) for k in RESUME_MAY_CHANGE
-                          if k in given or k not in saved}}  # not in saved: an older iasgd
+    # An option the saved run lacks (an older iasgd) is this command line's, default or given.
+    merged = {**vars(args), **saved, **{k: getattr(args, k) for k in RESUME_MAY_CHANGE
+                                        if k in given}}
     merged["resume"] = args.resume
     if "out" not in given:
         merged["out"] = args.out

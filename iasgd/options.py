@@ -1,0 +1,144 @@
+"""Options declared once, as dataclass fields.
+
+`option()` declares a field together with everything its command-line flag
+needs (help, group, choices, metavar, parser, default text); `add_options()`
+makes the flags of any such dataclasses, field `a_b` as `--a-b`. The parsers
+below check one value each; argparse shows their ArgumentTypeError as one
+line that names the flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+
+def option(default: Any, help: str, *, group: str, choices: Iterable[str] | None = None,
+           metavar: str | None = None, parse: Callable[[str], Any] | None = None,
+           default_text: str | None = None) -> Any:
+    """A dataclass field defaulting to `default`, with its flag: `help` (plain
+    text), the --help `group` it is listed in, the allowed `choices`, its
+    `metavar`, `parse` (text to value; ArgumentTypeError if invalid; None:
+    the text itself) and `default_text`, what --help says the default is when
+    the default itself (None) says nothing. A bool field is a flag that sets it."""
+    metadata = {"help": help, "group": group, "metavar": metavar, "parse": parse,
+                "choices": None if choices is None else tuple(choices),
+                "default_text": default_text}
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def flag(name: str) -> str:
+    """The flag of field `name`: a_b -> --a-b."""
+    return "--" + name.replace("_", "-")
+
+
+def add_options(parser: argparse.ArgumentParser, *classes: type,
+                groups: Iterable[str] = ()) -> None:
+    """Add one flag per field of the dataclasses `classes`, each field declared
+    with option(), in argument groups: those of `groups` first, in that order,
+    then any others as their fields come."""
+    members: dict[str, list[dataclasses.Field]] = {title: [] for title in groups}
+    for cls in classes:
+        for f in dataclasses.fields(cls):
+            if "group" not in f.metadata:  # a field without a flag would get its default silently
+                raise TypeError(f"{cls.__name__}.{f.name} is not declared with option()")
+            members.setdefault(f.metadata["group"], []).append(f)
+    for title, fields in members.items():
+        group = parser.add_argument_group(title)  # --help leaves out an empty one
+        for f in fields:
+            _add(group, f)
+
+
+def _add(group: argparse._ArgumentGroup, f: dataclasses.Field) -> None:
+    meta = f.metadata
+    if isinstance(f.default, bool):
+        if f.default:
+            raise TypeError(f"{f.name}: a bool option defaults to False (its flag sets it)")
+        group.add_argument(flag(f.name), action="store_true", help=_help(f))
+    else:
+        group.add_argument(flag(f.name), default=f.default, type=meta["parse"],
+                           choices=meta["choices"], metavar=meta["metavar"], help=_help(f))
+
+
+def _help(f: dataclasses.Field) -> str:
+    """The help with one default: the default text, else the default itself
+    unless it is None or a flag's."""
+    shown = f.metadata["default_text"]
+    if shown is None and f.default is not None and not isinstance(f.default, bool):
+        shown = f.default
+    text = f.metadata["help"] if shown is None else f"{f.metadata['help']} (default: {shown})"
+    return text.replace("%", "%%")  # argparse %-formats help; ours is plain text
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def nonneg_int(text: str) -> int:
+    """An integer >= 0."""
+    value = integer(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def integer(text: str) -> int:
+    """Any integer."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
+def _finite_float(text: str, *, low: float, strict: bool) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value) or value < low or (strict and value == low):
+        bound = f"> {low:g}" if strict else f">= {low:g}"
+        raise argparse.ArgumentTypeError(f"must be a finite number {bound}, got {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0."""
+    return _finite_float(text, low=0.0, strict=True)
+
+
+def below_one(text: str) -> float:
+    """A number in [0, 1)."""
+    value = _finite_float(text, low=0.0, strict=False)
+    if value >= 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text}")
+    return value
+
+
+def unit_float(text: str) -> float:
+    """A number in [0, 1]."""
+    value = _finite_float(text, low=0.0, strict=False)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
+    return value
+
+
+def widths(text: str) -> tuple[int, ...]:
+    """Comma-separated positive integers: 128,128,128 -> (128, 128, 128)."""
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated positive integers like 128,128,128, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"widths must be positive, got {text!r}")
+    return values
