@@ -3,10 +3,16 @@ run as plain Python on model threads in which every atomic operation is one
 step that a scheduler grants.
 
 The model is the code itself: `worker_namespace()` rebuilds the Python bodies
-of iasgd.protocol.gate's and iasgd.protocol.workers' compiled functions (numba keeps them as
-`py_func`) over model atomics, so whatever gate.py and workers.py say is what
-the model executes, step by step. The gradient math is stubbed out; only the
-protocol runs. Each model thread is a real Python thread that runs its code
+of iasgd.protocol.gate's and iasgd.protocol.workers' compiled functions (numba
+keeps them as `py_func`) over model atomics, so whatever gate.py and
+workers.py say is what the model executes, step by step. The gradient math is
+stubbed out, but not what it reads and writes: the shared parameters are a
+`ModelParams` whose every element read and element write is a step of its
+own, a gradient reads every element (a step each), an update adds exactly 1
+to every element (a step each), and async's snapshot copies element by
+element. So a write that the code puts in the wrong place (after its
+interval closed, outside async's lock) interleaves with reads as it would on
+real cores. Each model thread is a real Python thread that runs its code
 up to its next atomic operation and then waits for the scheduler; exactly one
 model thread moves at a time, so a run is a sequence of thread choices, which
 hypothesis picks (tests/protocol/test_gate.py).
@@ -25,7 +31,14 @@ The checker watches every step (omniscient, between steps) and asserts:
   applied and written;
 - TICKETS <= LIMIT, DONE <= TICKETS; at the end of a run that was not stopped,
   DONE == VERSION == every allowed ticket (applied per epoch == tickets);
-- liveness: some thread can always move until every thread has finished.
+- liveness: some thread can always move until every thread has finished;
+- visibility, what the parameters hold: a gradient read in interval k sees
+  every update of intervals before k completely written (checked at each
+  element it reads), and interval k + 1 opens only when every update of k is
+  written; an async snapshot is never torn and holds exactly the v_read
+  updates that V counted when it was taken; an update writes only after V
+  counts it (begin_apply), and only once; at the end every update V counts
+  is written, exactly once, into every element.
 """
 
 from __future__ import annotations
@@ -40,6 +53,7 @@ import numpy as np
 from iasgd.protocol import gate, workers
 
 LOW32 = (1 << 32) - 1
+PARAMS = 3  # elements of the model's parameters: a write or a read is 3 steps
 
 
 class Aborted(BaseException):
@@ -189,6 +203,41 @@ class Scheduler:
         return {name: fn for name, fn in locals().items() if callable(fn)}
 
 
+class ModelParams:
+    """The shared parameters (P elements): each element read and each element
+    write is one scheduler step. An update adds 1 to every element, so an
+    element's value counts the updates written into it."""
+
+    def __init__(self, scheduler: Scheduler, size: int):
+        self.s = scheduler
+        self.values = np.zeros(size, np.int64)
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int) -> int:
+        self.s.pause()
+        return int(self.values[i])
+
+    def add_one(self, i: int) -> None:
+        self.s.pause()
+        self.values[i] += 1
+
+
+class ModelSnapshot:
+    """A worker's private copy (async's `own.local`): `local[:] = params`
+    copies element by element, each read of the shared array a step."""
+
+    def __init__(self, size: int):
+        self.values = np.zeros(size, np.int64)
+        self.size = size
+
+    def __setitem__(self, where: slice, source: ModelParams) -> None:
+        for i in range(self.size):
+            self.values[i] = source[i]
+
+
 def _rebuild(module: types.ModuleType, overrides: dict) -> dict:
     """The module's globals with `overrides`, in which every function the
     module compiles is its Python body bound to these globals."""
@@ -214,17 +263,38 @@ def gate_namespace(scheduler: Scheduler, wrap: dict | None = None) -> types.Simp
     return types.SimpleNamespace(**namespace)
 
 
-def _stub_kernels() -> types.SimpleNamespace:
-    return types.SimpleNamespace(
-        network_loss_and_grad=lambda *args: 1.0,  # the step's gradient math
-        sgd_momentum_update=lambda *args: None,
-    )
+def _model_kernels(checker: Checker | None) -> types.SimpleNamespace:
+    """The kernels a step calls, as reads and writes of the model arrays: a
+    gradient reads every element of what it is computed at, an update adds 1
+    to every element; the checker sees each."""
+    def network_loss_and_grad(params, *rest):
+        if isinstance(params, ModelParams):
+            for i in range(params.size):
+                _ = params[i]  # the read is the step
+                if checker is not None:
+                    checker.on_shared_read()
+        elif isinstance(params, ModelSnapshot) and checker is not None:
+            checker.on_snapshot(params.values)
+        return 1.0
+
+    def sgd_momentum_update(params, *rest):
+        if checker is not None:
+            checker.on_write(begin=True)
+        for i in range(params.size):
+            params.add_one(i)
+        if checker is not None:
+            checker.on_write(begin=False)
+
+    return types.SimpleNamespace(network_loss_and_grad=network_loss_and_grad,
+                                 sgd_momentum_update=sgd_momentum_update)
 
 
-def worker_namespace(scheduler: Scheduler, g: types.SimpleNamespace) -> types.SimpleNamespace:
-    """iasgd.protocol.workers over the model gate `g`, with the math stubbed out."""
+def worker_namespace(scheduler: Scheduler, g: types.SimpleNamespace,
+                     checker: Checker | None = None) -> types.SimpleNamespace:
+    """iasgd.protocol.workers over the model gate `g`, its kernels reading
+    and writing the model arrays (what the checker watches)."""
     overrides = dict(scheduler.atomics())
-    overrides.update(G=g, K=_stub_kernels(), _load_batch=lambda *args: None,
+    overrides.update(G=g, K=_model_kernels(checker), _load_batch=lambda *args: None,
                      _enter_step=lambda probe: None, _leave_step=lambda probe: None)
     return types.SimpleNamespace(**_rebuild(workers, overrides))
 
@@ -237,6 +307,10 @@ class Update:
     read_gen: int
     v_read: int
     applying_gen: int | None = None
+    counted: bool = False  # begin_apply has counted it in V
+    counted_in: int = 0  # the interval it was counted in (0 without intervals)
+    writes: int = 0  # writes begun (must be at most 1)
+    written: bool = False  # its write into every element has ended
 
 
 class Checker:
@@ -249,6 +323,8 @@ class Checker:
         self.updates: dict[str, Update] = {}  # by model thread: its step in flight
         self.gen_seen = -1
         self.applied = 0
+        self.written_in: dict[int, int] = {}  # updates completely written, by interval
+        self.written = 0
 
     def word(self) -> tuple[int, int]:
         word = int(self.state[gate.GEN_TAKEN])
@@ -272,19 +348,15 @@ class Checker:
 
         def finish_apply(fn):
             def hooked(state):
+                u = self.updates.get(self.s.me().name)
                 opened = fn(state)
-                self.updates.pop(self.s.me().name, None)
+                if u is not None:
+                    u.applying_gen = None  # its interval's apply is over
                 return opened
             return hooked
 
-        def settle(fn):
-            def hooked(state):
-                self.updates.pop(self.s.me().name, None)
-                return fn(state)
-            return hooked
-
         return {"read_version": read_version, "begin_apply": begin_apply,
-                "finish_apply": finish_apply, "settle": settle}
+                "finish_apply": finish_apply}
 
     def fail(self, what: str) -> None:
         raise ModelError(f"{what} (after {self.s.steps} steps; state {self.state.tolist()})")
@@ -294,6 +366,7 @@ class Checker:
         if u is None:
             self.fail("an update was applied without a read")
         self.applied += 1
+        u.counted = True
         if not self.interval:
             return
         gen, _ = self.word()
@@ -307,6 +380,55 @@ class Checker:
         if self.begun_in[gen] > y:
             self.fail(f"{self.begun_in[gen]} updates applied in interval {gen} of y={y}")
         u.applying_gen = gen
+        u.counted_in = gen
+
+    # ---- what the parameters hold
+
+    def on_write(self, begin: bool) -> None:
+        """An update's write into every element begins or ends."""
+        u = self.updates.get(self.s.me().name)
+        if u is None or not u.counted:
+            self.fail("an update is written that V has not counted (before begin_apply)")
+        if begin:
+            u.writes += 1
+            if u.writes > 1:
+                self.fail("an update is written twice")
+            return
+        u.written = True
+        self.written += 1
+        self.written_in[u.counted_in] = self.written_in.get(u.counted_in, 0) + 1
+
+    def unwritten_before(self, gen: int) -> list[int]:
+        """Intervals before `gen` with updates not completely written."""
+        return [g for g in range(gen) if self.written_in.get(g, 0) < self.y_of.get(g, 0)]
+
+    def on_shared_read(self) -> None:
+        """A gradient reads an element of the shared parameters: in interval k
+        it must see every update of the intervals before k written."""
+        if not self.interval:
+            return
+        u = self.updates.get(self.s.me().name)
+        missing = self.unwritten_before(u.read_gen)
+        if missing:
+            self.fail(f"a gradient read in interval {u.read_gen} sees interval {missing[0]}'s "
+                      f"updates not all written ({self.written_in.get(missing[0], 0)} of "
+                      f"{self.y_of[missing[0]]})")
+
+    def on_snapshot(self, values: np.ndarray) -> None:
+        """Async computes at its snapshot: it holds, in every element, exactly
+        the updates V counted when it was read."""
+        u = self.updates.get(self.s.me().name)
+        if not (values == values[0]).all():
+            self.fail(f"a torn snapshot: {values.tolist()}")
+        if int(values[0]) != u.v_read:
+            self.fail(f"a snapshot read at V = {u.v_read} holds {int(values[0])} updates")
+
+    def check_all_written(self, params: ModelParams) -> None:
+        """At the end: every update V counts is written, once, into every element."""
+        version = int(self.state[gate.VERSION])
+        if self.written != version or not (params.values == version).all():
+            self.fail(f"V counts {version} updates, {self.written} writes ended, the "
+                      f"elements hold {params.values.tolist()}")
 
     def after_step(self, t: ModelThread) -> None:
         s = self.state
@@ -327,6 +449,9 @@ class Checker:
                 for name, u in self.updates.items():
                     if u.applying_gen == self.gen_seen and name != t.name:
                         self.fail(f"interval {gen} opened while {name} was still applying")
+                if self.unwritten_before(gen):
+                    self.fail(f"interval {gen} opened before every update of "
+                              f"{self.gen_seen} was written")
             self.gen_seen = gen
             self.y_of[gen] = int(s[gate.Y])
         if gen == self.gen_seen and not closing:
@@ -363,12 +488,12 @@ class Scenario:
 
 def _worker_args(state: np.ndarray, wid: int, sc: Scenario, shared_arrays: dict) -> tuple:
     """async_worker's arguments for a tiny problem (the math is stubbed out)."""
-    P, bins, f32 = 4, 64, np.float32
+    P, bins, f32 = shared_arrays["params"].size, 64, np.float32
     plan = workers.Plan(sc.algo, sc.policy, 0.1, 0.5)
     shared = workers.Shared(state, shared_arrays["probe"], shared_arrays["params"],
                             np.zeros(P, f32), np.ones(bins, f32), np.zeros(8))
     inputs = workers.Inputs(np.zeros((4, 2), np.uint8), np.zeros(4, np.int64), 1.0, 0.0)
-    own = workers.Own(np.zeros(P, f32), np.zeros(P, f32), np.zeros(2, f32), np.zeros(2, f32),
+    own = workers.Own(ModelSnapshot(P), np.zeros(P, f32), np.zeros(2, f32), np.zeros(2, f32),
                       np.zeros(2, np.int64), np.zeros((0, 8), np.int64), np.zeros(1, np.int64),
                       np.zeros(1, np.int64), np.zeros(1, np.uint64),
                       np.zeros(workers.COUNTER_COLUMNS, np.int64), np.zeros(bins, np.int64),
@@ -387,7 +512,7 @@ def run_scenario(sc: Scenario, choices: list[int], finish_steps: int = 20_000) -
     s = Scheduler(state)
     checker = Checker(s, interval)
     g = gate_namespace(s, checker.hooks())
-    w = worker_namespace(s, g)
+    w = worker_namespace(s, g, checker)
     s.after_step = checker.after_step
     stopped_by_controller = []
 
@@ -410,7 +535,8 @@ def run_scenario(sc: Scenario, choices: list[int], finish_steps: int = 20_000) -
                 stopped_by_controller.append(True)
                 g.request_stop(state)
 
-    shared_arrays = {"probe": np.zeros(8, np.int64), "params": np.zeros(4, np.float32)}
+    params = ModelParams(s, PARAMS)
+    shared_arrays = {"probe": np.zeros(8, np.int64), "params": params}
     for wid in range(sc.threads):
         args = _worker_args(state, wid, sc, shared_arrays)
         s.spawn(f"worker-{wid}", lambda args=args: w.async_worker(*args))
@@ -434,6 +560,7 @@ def run_scenario(sc: Scenario, choices: list[int], finish_steps: int = 20_000) -
             asleep = [t.name for t in s.threads if not t.done]
             what = "deadlock: all asleep" if not s.runnable() else "no progress"
             checker.fail(f"{what}: {asleep} have not finished")
+        checker.check_all_written(params)
         if not stopped_by_controller:
             allowed = sc.epochs * sc.quota
             if not state[gate.DONE] == state[gate.VERSION] == allowed:

@@ -29,6 +29,23 @@ MODEL_TESTS = ("tests/protocol/test_gate.py::test_interval_protocol_in_every_int
 ORDERING_TESTS = ("tests/protocol/test_atomics.py::test_stores_are_sequentially_consistent",)
 
 
+# apply_step's write and the gate steps around it, which the visibility
+# mutants reorder
+WRITE = "K.sgd_momentum_update(shared.params, shared.velocity, own.grad, lr, plan.momentum)\n"
+APPLY_BLOCK = (f"    {WRITE}"
+               "    if plan.algo == ASYNC:\n        G.unlock(state)\n    elif interval:\n"
+               "        # read in interval gen, applied in it, within its y - 1\n"
+               "        if G.crossed(state, gen) or tau > atomic_load(state, G.Y) - 1:\n"
+               "            own.counters[VIOLATIONS] += 1\n"
+               "        G.finish_apply(state)\n"
+               "    record_update(own, shared, tau, loss)\n")
+
+LOCKED_APPLY = ("    if plan.algo == ASYNC:\n        G.lock(state)\n"
+                "    tau = G.begin_apply(state) - v_read\n"
+                "    factors = shared.lr_factors\n"
+                "    lr = plan.lr * factors[min(tau, factors.size - 1)]\n" + APPLY_BLOCK)
+
+
 @dataclass(frozen=True)
 class Mutant:
     name: str
@@ -99,6 +116,41 @@ MUTANTS = [
            "iasgd/protocol/gate.py",
            "        if (word >> 32) != gen or (word & _LOW32) >= atomic_load(state, Y):\n",
            "        if (word & _LOW32) >= atomic_load(state, Y):\n"),
+    Mutant("write-after-finish-apply",
+           "interval writes its update after finish_apply, when the next interval may "
+           "already be open and its readers miss the write",
+           "iasgd/protocol/workers.py", APPLY_BLOCK,
+           APPLY_BLOCK.replace(f"    {WRITE}", f"    if not interval:\n        {WRITE}")
+           .replace("        G.finish_apply(state)\n",
+                    f"        G.finish_apply(state)\n        {WRITE}")),
+    Mutant("write-after-the-gate",
+           "every algorithm writes its update after the gate is done with it (after "
+           "async's unlock, after interval's finish_apply)",
+           "iasgd/protocol/workers.py", APPLY_BLOCK,
+           APPLY_BLOCK.replace(f"    {WRITE}", "").replace(
+               "    record_update(", f"    {WRITE}    record_update(")),
+    Mutant("async-apply-without-lock",
+           "lock-based async applies its update without taking the lock (the lock and "
+           "its unlock removed)",
+           "iasgd/protocol/workers.py", LOCKED_APPLY,
+           LOCKED_APPLY.replace("    if plan.algo == ASYNC:\n        G.lock(state)\n", "")
+           .replace("    if plan.algo == ASYNC:\n        G.unlock(state)\n    elif interval:",
+                    "    if interval:")),
+    Mutant("snapshot-outside-lock",
+           "async copies its snapshot after releasing the lock",
+           "iasgd/protocol/workers.py",
+           "        own.local[:] = shared.params\n        v_read = G.read_version(state)\n"
+           "        G.unlock(state)\n",
+           "        v_read = G.read_version(state)\n        G.unlock(state)\n"
+           "        own.local[:] = shared.params\n"),
+    Mutant("write-before-commit",
+           "the update is written before the gate commits it, so the drop gate's dropped "
+           "updates reach the parameters too",
+           "iasgd/protocol/workers.py",
+           "    if not G.commit_step(state, gen, interval and plan.policy == G.DROP):\n",
+           "    K.sgd_momentum_update(shared.params, shared.velocity, own.grad, plan.lr,\n"
+           "                          plan.momentum)\n"
+           "    if not G.commit_step(state, gen, interval and plan.policy == G.DROP):\n"),
     Mutant("monotonic-ordering",
            "atomics use LLVM's monotonic ordering instead of seq_cst: a store and a later "
            "load may be reordered, which loses wake-ups",
