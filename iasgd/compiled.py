@@ -32,6 +32,7 @@ import contextlib
 import hashlib
 import os
 import re
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -117,3 +118,23 @@ def _decorator(**flags: Any) -> Callable[[Callable[..., Any]], Any]:
 
 jit = _decorator(**FLAGS)
 jit_fastmath = _decorator(**FLAGS, fastmath=set(FASTMATH))
+
+
+def cache_index_name(dispatcher: Any) -> str:
+    """The file name of a compiled function's index in numba's cache:
+    `<module>.<qualname>-<first line>.py<XY>.nbi`, module being the last part
+    of its dotted name (numba's naming, which iasgd relies on here only)."""
+    func = dispatcher.py_func
+    module = func.__module__.rsplit(".", 1)[-1]
+    return (f"{module}.{func.__qualname__}-{func.__code__.co_firstlineno}"
+            f".py{sys.version_info.major}{sys.version_info.minor}.nbi")
+
+
+def uncached(dispatchers: list[Any], cache_dir: Path | None = None) -> list[Any]:
+    """Those of `dispatchers` that the on-disk cache (default: CACHE_DIR) has
+    no index for: their first call compiles them."""
+    if numba.config.DISABLE_JIT:  # nothing will be compiled
+        return []
+    base = Path(cache_dir or CACHE_DIR)
+    found = {index.name for index in base.rglob("*.nbi")} if base.is_dir() else set()
+    return [d for d in dispatchers if cache_index_name(d) not in found]

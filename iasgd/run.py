@@ -23,6 +23,7 @@ from iasgd import options as O
 from iasgd.algorithms import ALGORITHMS
 from iasgd.config import ADAPTIVE, CLUSTER, MAX_THREADS, TRAINING, ConfigError, TrainConfig
 from iasgd.executors import simulated as sim
+from iasgd.nn import kernels as K
 from iasgd.nn import models
 from iasgd.options import option
 from iasgd.protocol import workers
@@ -429,39 +430,27 @@ def simulate_and_report(args: argparse.Namespace, model: models.Model, data: dat
     return diverged_exit(result, args)
 
 
-def kernel_entries(algo: str, simulate: bool = False) -> list[str]:
-    """The compiled functions a run calls from Python, as numba names their
-    cache index files (`module.function`); each compiles what it calls. A
-    parallel run's worker loop is `workers.<loop>`, or any `workers.` entry if
-    that loop has been renamed."""
+def kernel_entries(algo: str, simulate: bool = False) -> list:
+    """The compiled functions a run calls from Python (each compiles what it
+    calls): the training step or a worker loop, and the evaluation."""
     if not ALGORITHMS[algo].parallel:
-        return ["kernels.train_steps", "kernels.predict_images"]
-    if simulate:  # it measures step times, then makes the workers' calls itself
-        return ["kernels.train_steps", "workers.", "kernels.predict_images"]
-    loop = f"{ALGORITHMS[algo].loop}_worker"
-    return ["kernels.network_loss_and_grad",  # the layer kernels a worker loop calls
-            f"workers.{loop}" if hasattr(workers, loop) else "workers.",
-            "kernels.predict_images"]
+        return [K.train_steps, K.predict_images]
+    if simulate:  # it measures step times, then makes the workers' calls one at a time
+        return [K.train_steps, workers.read_step, workers.compute_step, workers.apply_step,
+                K.predict_images]
+    loop = workers.sync_worker if ALGORITHMS[algo].loop == "sync" else workers.async_worker
+    return [K.network_loss_and_grad, loop, K.predict_images]  # the layer kernels, the loop
 
 
 def uncached_kernels(algo: str, simulate: bool = False, cache_dir: str | None = None) -> list[str]:
-    """Those of `kernel_entries` that numba's on-disk cache (default: iasgd's
-    cache directory, iasgd.compiled.CACHE_DIR) has no
-    index file for: this run will compile them first."""
-    import numba
-
+    """The names (`module.function`) of those `kernel_entries` that numba's
+    on-disk cache (default: iasgd's, iasgd.compiled.CACHE_DIR) lacks: this
+    run will compile them first."""
     from iasgd import compiled
 
-    if numba.config.DISABLE_JIT:  # nothing will be compiled
-        return []
-    base = Path(cache_dir or compiled.CACHE_DIR)
-    tag = f"py{sys.version_info.major}{sys.version_info.minor}.nbi"
-    if not base.is_dir():
-        return kernel_entries(algo, simulate)
-    found = {index.name for index in base.rglob(f"*.{tag}")}
-    return [entry for entry in kernel_entries(algo, simulate)
-            if not any(name.startswith(entry if entry.endswith(".") else f"{entry}-")
-                       for name in found)]
+    missing = compiled.uncached(kernel_entries(algo, simulate),
+                                None if cache_dir is None else Path(cache_dir))
+    return [compiled.cache_index_name(d).split("-")[0] for d in missing]
 
 
 def compile_seconds(missing: list[str]) -> int:

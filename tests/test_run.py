@@ -316,25 +316,46 @@ def test_no_checkpoint_writes_none(tmp_path):
 
 
 def test_uncached_kernels_reads_numba_index_files(tmp_path):
-    tag = f"py{sys.version_info.major}{sys.version_info.minor}.nbi"
+    """numba's index of each entry point, found in any subdirectory (numba keeps
+    each source directory in one); an index of another Python does not count."""
+    from iasgd import compiled
+    from iasgd.nn import kernels as K
+    from iasgd.protocol import workers as W
+
+    def index(dispatcher) -> None:
+        (sub / compiled.cache_index_name(dispatcher)).touch()
+
     assert run.uncached_kernels("sequential", cache_dir=str(tmp_path / "none")) == [
         "kernels.train_steps", "kernels.predict_images"]
-    sub = tmp_path / "iasgd-1234abcd"  # numba keeps each source directory in a subdirectory
+    sub = tmp_path / "nn_1234abcd"
     sub.mkdir()
-    (sub / f"kernels.train_steps-523.{tag}").touch()
-    (sub / "kernels.predict_images-555.py27.nbi").touch()  # another Python: not usable
+    index(K.train_steps)
+    (sub / compiled.cache_index_name(K.predict_images).replace(".py3", ".py2")).touch()
     assert run.uncached_kernels("sequential", cache_dir=str(tmp_path)) == [
         "kernels.predict_images"]
-    (sub / f"kernels.predict_images-555.{tag}").touch()
+    index(K.predict_images)
     assert run.uncached_kernels("sequential", cache_dir=str(tmp_path)) == []
-    assert run.uncached_kernels("sequential", simulate=True, cache_dir=str(tmp_path)) == []
     missing = run.uncached_kernels("hogwild", cache_dir=str(tmp_path))
     assert missing == ["kernels.network_loss_and_grad", "workers.async_worker"]
     assert run.compile_seconds(missing) == run.KERNELS_COMPILE_S + run.WORKER_LOOP_COMPILE_S
-    (sub / f"kernels.network_loss_and_grad-510.{tag}").touch()
-    (sub / f"workers.async_worker-82.{tag}").touch()
+    index(K.network_loss_and_grad)
+    index(W.async_worker)
     assert run.uncached_kernels("interval", cache_dir=str(tmp_path)) == []
     assert run.uncached_kernels("sync", cache_dir=str(tmp_path)) == ["workers.sync_worker"]
+    assert run.uncached_kernels("sync", simulate=True, cache_dir=str(tmp_path)) == [
+        "workers.read_step", "workers.compute_step", "workers.apply_step"]
+
+
+def test_the_cache_index_name_is_numbas(tmp_path):
+    """cache_index_name says what numba itself writes: the index of a compiled
+    function that numba cached is where the name says."""
+    from iasgd import compiled
+    from iasgd.nn import kernels as K
+
+    if getattr(K.all_finite, "_cache", None) is None:  # pragma: no cover (NUMBA_DISABLE_JIT)
+        pytest.skip("no cache without the jit")
+    index = Path(K.all_finite._cache._cache_file._index_path)
+    assert index.name == compiled.cache_index_name(K.all_finite)
 
 
 def test_a_cold_cache_says_it_compiles_and_a_warm_one_does_not(tmp_path):
