@@ -26,6 +26,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_TESTS = ("tests/protocol/test_gate.py::test_interval_protocol_in_every_interleaving",
                "tests/protocol/test_gate.py::test_unbounded_protocols_in_every_interleaving")
+# the visibility mutants: the model first, then real threads with sentinel parameters
+VISIBILITY_TESTS = (*MODEL_TESTS,
+                    "tests/protocol/test_workers.py::test_every_read_sees_what_the_gate_promises")
 ORDERING_TESTS = ("tests/protocol/test_atomics.py::test_stores_are_sequentially_consistent",)
 
 
@@ -122,27 +125,31 @@ MUTANTS = [
            "iasgd/protocol/workers.py", APPLY_BLOCK,
            APPLY_BLOCK.replace(f"    {WRITE}", f"    if not interval:\n        {WRITE}")
            .replace("        G.finish_apply(state)\n",
-                    f"        G.finish_apply(state)\n        {WRITE}")),
+                    f"        G.finish_apply(state)\n        {WRITE}"),
+           VISIBILITY_TESTS),
     Mutant("write-after-the-gate",
            "every algorithm writes its update after the gate is done with it (after "
            "async's unlock, after interval's finish_apply)",
            "iasgd/protocol/workers.py", APPLY_BLOCK,
            APPLY_BLOCK.replace(f"    {WRITE}", "").replace(
-               "    record_update(", f"    {WRITE}    record_update(")),
+               "    record_update(", f"    {WRITE}    record_update("),
+           VISIBILITY_TESTS),
     Mutant("async-apply-without-lock",
            "lock-based async applies its update without taking the lock (the lock and "
            "its unlock removed)",
            "iasgd/protocol/workers.py", LOCKED_APPLY,
            LOCKED_APPLY.replace("    if plan.algo == ASYNC:\n        G.lock(state)\n", "")
            .replace("    if plan.algo == ASYNC:\n        G.unlock(state)\n    elif interval:",
-                    "    if interval:")),
+                    "    if interval:"),
+           VISIBILITY_TESTS),
     Mutant("snapshot-outside-lock",
            "async copies its snapshot after releasing the lock",
            "iasgd/protocol/workers.py",
            "        own.local[:] = shared.params\n        v_read = G.read_version(state)\n"
            "        G.unlock(state)\n",
            "        v_read = G.read_version(state)\n        G.unlock(state)\n"
-           "        own.local[:] = shared.params\n"),
+           "        own.local[:] = shared.params\n",
+           VISIBILITY_TESTS),
     Mutant("write-before-commit",
            "the update is written before the gate commits it, so the drop gate's dropped "
            "updates reach the parameters too",
@@ -150,7 +157,8 @@ MUTANTS = [
            "    if not G.commit_step(state, gen, interval and plan.policy == G.DROP):\n",
            "    K.sgd_momentum_update(shared.params, shared.velocity, own.grad, plan.lr,\n"
            "                          plan.momentum)\n"
-           "    if not G.commit_step(state, gen, interval and plan.policy == G.DROP):\n"),
+           "    if not G.commit_step(state, gen, interval and plan.policy == G.DROP):\n",
+           VISIBILITY_TESTS),
     Mutant("monotonic-ordering",
            "atomics use LLVM's monotonic ordering instead of seq_cst: a store and a later "
            "load may be reordered, which loses wake-ups",

@@ -12,11 +12,14 @@ import pytest
 
 from iasgd import data as datasets
 from iasgd import engine
+from iasgd.compiled import jit  # cached with iasgd's: it inlines the steps
 from iasgd.executors import threads
+from iasgd.executors.arrays import WorkerArrays
 from iasgd.nn import models
 from iasgd.protocol import gate as G
 from iasgd.protocol import workers as W
 from iasgd.protocol.atomics import cpu_relax
+from iasgd.schedules import Controllers
 
 TIMEOUT_S = 120
 TINY_N = 4000  # samples of the tiny problem: 1,000 updates per epoch at b=4
@@ -377,3 +380,69 @@ def test_every_algorithm_trains_a_spec_model(algo, extra):
     if algo != "sequential":
         simulated = sim.simulate(model, data, cfg, sim.lognormal_steps(1e-3, 0.2), cores=3)
         assert simulated.epochs[-1].test_accuracy >= 0.9, simulated.epochs[-1]
+
+
+# ------------------------------------- what the parameters hold, on real threads
+
+VISIBILITY_UPDATES = 60_000
+
+
+@jit
+def _visibility_worker(wid, plan, shared, inputs, own, out):
+    """async_worker's steps with a gradient (own.grad, set by the caller) that
+    adds exactly 1 to the first and the last parameter (lr 1, momentum 0), so
+    those two count the updates written into them. interval (y = 1): a read
+    in interval k must see all k earlier updates written; async: a snapshot
+    holds exactly the v_read updates V counted, at both ends.
+    out: [reads that saw fewer updates than promised, torn or short snapshots]."""
+    state = shared.state
+    last = shared.params.size - 1
+    wait = plan.algo == W.INTERVAL and plan.policy == G.WAIT
+    while G.acquire_ticket(state, wid):
+        gen = G.enter_interval(state, wait)
+        if gen < 0:
+            break
+        v_read = W.read_step(plan, shared, inputs, own, False)
+        if plan.algo == W.ASYNC:
+            if own.local[0] != v_read or own.local[last] != v_read:
+                out[1] += 1
+        elif shared.params[last] < gen or shared.params[0] < gen:  # y = 1: k earlier
+            out[0] += 1
+        W.apply_step(gen, v_read, 0.0, plan, shared, own)
+
+
+@pytest.mark.parametrize(("algo", "gate"), [("interval", "wait"), ("interval", "drop"),
+                                            ("async", "wait")])
+def test_every_read_sees_what_the_gate_promises(tiny, algo, gate):
+    """Real threads and the real read and apply steps (the gradient aside):
+    no read misses an update it must see, and every update V counts is
+    written exactly once (y = 1 and async's lock leave no racing writers, so
+    the counts are exact)."""
+    model, data = tiny
+    n = 4
+    cfg = engine.TrainConfig(algo=algo, threads=n, interval=1, gate=gate, lr=1.0, momentum=0.0,
+                             batch_size=4)
+    control = Controllers(cfg, VISIBILITY_UPDATES, engine.RunResult(status="completed"))
+    arrays = WorkerArrays(model, data, cfg, np.zeros(model.num_params, np.float32), control)
+    arrays.seed_streams(0, 0)
+    for own in arrays.own:
+        own.grad[:] = 0.0
+        own.grad[0] = own.grad[-1] = -1.0  # params -= lr * grad: +1 on both
+    out = np.zeros((n, 2), np.int64)
+    workers = [threading.Thread(target=_visibility_worker,
+                                args=(w, arrays.plan, arrays.shared, arrays.inputs,
+                                      arrays.own[w], out[w])) for w in range(n)]
+    for t in workers:
+        t.start()
+    for limit in range(VISIBILITY_UPDATES // 4, VISIBILITY_UPDATES + 1, VISIBILITY_UPDATES // 4):
+        G.allow(arrays.state, limit)  # allowances: the workers sleep at each boundary
+        while not G.wait_settled(arrays.state, 1_000_000):
+            pass
+    G.request_stop(arrays.state)
+    for t in workers:
+        t.join(TIMEOUT_S)
+        assert not t.is_alive()
+    assert out.sum(axis=0).tolist() == [0, 0]
+    written = int(arrays.state[G.VERSION])
+    assert written == arrays.total(W.APPLIED) == VISIBILITY_UPDATES
+    assert arrays.params[0] == arrays.params[-1] == written
