@@ -2,7 +2,9 @@
 
 The cache records the sha256 of the source files it was built from and their
 (path, size, mtime) fingerprint: a cache is current while the sources' content is
-unchanged, and the fingerprint spares hashing a 170 MB archive on every load.
+unchanged, and the fingerprint spares hashing a 170 MB archive on every load.  The cache of
+a user's own file (iasgd.data.own) also records how it was converted (test fraction,
+seed, layout) and is rebuilt when that changes; its shape and class count are its own.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import hashlib
 import json
 import warnings
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -64,22 +67,48 @@ def load_if_current(spec: DatasetSpec, cache: Path, sources: list[Path] | None
     Rebuilt when the cache format is old or the sources' content changed; with no sources
     the cache alone is used.  A damaged cache is a DataError, never silently used.
     """
-    version, source_sha256, stored_fingerprint = _read_cache_attrs(cache, spec.name)
-    if version != CACHE_FORMAT_VERSION:
+    return _load_if_current(cache, spec.name, sources, spec.input_shape, spec.num_classes)
+
+
+def load_converted_if_current(cache: Path, name: str, source: Path, conversion: str
+                              ) -> Dataset | None:
+    """The cached dataset read from a user's file `source`, or None when it must be re-read.
+
+    As load_if_current, and also re-read when the file was converted with other options
+    (`conversion`, recorded by write_or_warn); the images' shape and the class count are
+    the cache's own, checked for consistency.
+    """
+    return _load_if_current(cache, name, [source], None, None, conversion)
+
+
+def _load_if_current(cache: Path, name: str, sources: list[Path] | None,
+                     input_shape: tuple[int, int, int] | None, num_classes: int | None,
+                     conversion: str = "") -> Dataset | None:
+    """load_if_current for a dataset `name` of the given (C, H, W) and class count, or of
+    those the cache records when None."""
+    attrs = _read_cache_attrs(cache, name)
+    if attrs.version != CACHE_FORMAT_VERSION:
         if sources is None:
-            raise DataError(f"cache {cache} has format {version}, this iasgd needs "
+            raise DataError(f"cache {cache} has format {attrs.version}, this iasgd needs "
                             f"{CACHE_FORMAT_VERSION} and the source files are not found: "
                             "provide them (or --archive) to rebuild it")
         return None
+    if attrs.conversion != conversion:
+        return None
     new_fingerprint = None
-    if sources is not None and fingerprint(sources) != stored_fingerprint:
-        if sha256_of_files(sources) != source_sha256:
+    if sources is not None and fingerprint(sources) != attrs.source_fingerprint:
+        if sha256_of_files(sources) != attrs.source_sha256:
             return None
         new_fingerprint = fingerprint(sources)
-    dataset = _read_cache_arrays(cache, spec)
+    if num_classes is None:
+        if attrs.num_classes is None:
+            raise DataError(f"cache {cache} lacks attribute num_classes: delete it so that it "
+                            "is rebuilt from the source")
+        num_classes = attrs.num_classes
+    dataset = _read_cache_arrays(cache, name, input_shape, num_classes)
     if new_fingerprint is not None:
         # Same content under a new path or mtime: record it so the next load skips hashing.
-        write_or_warn(cache, dataset, source_sha256, new_fingerprint)
+        write_or_warn(cache, dataset, attrs.source_sha256, new_fingerprint, conversion)
     return dataset
 
 
@@ -99,8 +128,19 @@ def _open_cache(cache: Path) -> Iterator[h5py.File]:
                         "that it is rebuilt from the source") from error
 
 
-def _read_cache_attrs(cache: Path, name: str) -> tuple[int, str, str]:
-    """(format version, source sha256, source fingerprint) stored in the cache."""
+@dataclass(frozen=True)
+class _CacheAttrs:
+    """What a cache records besides its arrays."""
+
+    version: int
+    source_sha256: str
+    source_fingerprint: str
+    num_classes: int | None  # None: not recorded
+    conversion: str  # "" for the registry's datasets, which are not converted by options
+
+
+def _read_cache_attrs(cache: Path, name: str) -> _CacheAttrs:
+    """The attributes stored in the cache of dataset `name`."""
     with _open_cache(cache) as f:
         attrs = dict(f.attrs)
     missing = [k for k in ("format_version", "dataset", "source_sha256", "source_fingerprint")
@@ -111,8 +151,11 @@ def _read_cache_attrs(cache: Path, name: str) -> tuple[int, str, str]:
     if _as_str(attrs["dataset"]) != name:
         raise DataError(f"cache {cache} holds dataset {_as_str(attrs['dataset'])!r}, not "
                         f"{name!r}: delete it so that it is rebuilt from the source")
-    return (int(attrs["format_version"]), _as_str(attrs["source_sha256"]),
-            _as_str(attrs["source_fingerprint"]))
+    num_classes = attrs.get("num_classes")
+    return _CacheAttrs(int(attrs["format_version"]), _as_str(attrs["source_sha256"]),
+                       _as_str(attrs["source_fingerprint"]),
+                       None if num_classes is None else int(num_classes),
+                       _as_str(attrs.get("conversion", "")))
 
 
 def _as_str(value: Any) -> str:
@@ -120,8 +163,10 @@ def _as_str(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _read_cache_arrays(cache: Path, spec: DatasetSpec) -> Dataset:
-    """Read x/y train/test from the cache of dataset `spec` and check them against it."""
+def _read_cache_arrays(cache: Path, name: str, input_shape: tuple[int, int, int] | None,
+                       num_classes: int) -> Dataset:
+    """Read x/y train/test from the cache of dataset `name` and check them against its
+    (C, H, W) (None: any, the same for both splits) and class count."""
     advice = "delete it so that it is rebuilt from the source"
     arrays = {}
     with _open_cache(cache) as f:
@@ -137,25 +182,32 @@ def _read_cache_arrays(cache: Path, spec: DatasetSpec) -> Dataset:
             arrays[key] = stored[()]
     arrays["y_train"] = arrays["y_train"].astype(np.int64, copy=False)
     arrays["y_test"] = arrays["y_test"].astype(np.int64, copy=False)
+    image_shape = input_shape
     for split in ("train", "test"):
         problem = split_problem(arrays[f"x_{split}"], arrays[f"y_{split}"],
-                                 spec.input_shape, spec.num_classes)
+                                 image_shape, num_classes)
         if problem is not None:
             raise DataError(f"cache {cache}, {split} split: {problem}: {advice}")
-    return Dataset(spec.name, num_classes=spec.num_classes, **arrays)
+        image_shape = arrays[f"x_{split}"].shape[1:]  # the test split must match the train's
+    return Dataset(name, num_classes=num_classes, **arrays)
 
 
 def write_or_warn(cache: Path, dataset: Dataset, source_sha256: str,
-                  fingerprint: str) -> None:
-    """Write the cache; if that fails (read-only data dir, disk full) warn and go on."""
+                  fingerprint: str, conversion: str = "") -> None:
+    """Write the cache; if that fails (read-only data dir, disk full) warn and go on.
+
+    conversion: how a user's file was converted (its options as a string), "" for the
+    registry's datasets.
+    """
     try:
-        _write_cache(cache, dataset, source_sha256, fingerprint)
+        _write_cache(cache, dataset, source_sha256, fingerprint, conversion)
     except OSError as error:
         warnings.warn(f"cannot write cache {cache} ({one_line(error)}): the data will be "
                       "read from the source again next time", stacklevel=3)
 
 
-def _write_cache(cache: Path, dataset: Dataset, source_sha256: str, fingerprint: str) -> None:
+def _write_cache(cache: Path, dataset: Dataset, source_sha256: str, fingerprint: str,
+                 conversion: str = "") -> None:
     """Write dataset to cache atomically (iasgd.files.replacing): a crash or a concurrent
     reader never sees a half-written cache."""
     cache.parent.mkdir(parents=True, exist_ok=True)
@@ -168,3 +220,5 @@ def _write_cache(cache: Path, dataset: Dataset, source_sha256: str, fingerprint:
         f.attrs["num_classes"] = dataset.num_classes
         f.attrs["source_sha256"] = source_sha256
         f.attrs["source_fingerprint"] = fingerprint
+        if conversion:  # absent means "" (the registry's caches never had it)
+            f.attrs["conversion"] = conversion

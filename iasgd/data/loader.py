@@ -1,10 +1,12 @@
-"""Load a dataset by name: CIFAR-10, CIFAR-100, Fashion-MNIST or a synthetic set.
+"""Load a dataset by name (CIFAR-10, CIFAR-100, Fashion-MNIST or a synthetic set) or a
+user's own .npz / HDF5 file by its path.
 
 Every dataset is a :class:`Dataset` holding ``x`` as uint8 ``(N, C, H, W)`` (C-contiguous)
 and ``y`` as int64 ``(N,)``.  Real datasets come from their official files (an archive or,
 for Fashion-MNIST, four idx files), which are looked up locally and otherwise downloaded.
 The first load converts them to ``<data_dir>/<name>.h5``; later loads read that cache,
-which takes a fraction of a second.
+which takes a fraction of a second.  A user's own file (iasgd.data.own) goes through the
+same cache, ``<data_dir>/<file name>.<hash of its path>.h5``.
 
 What each dataset is (shape, classes, files, checksums, parser) is declared in
 iasgd.data.registry; this module finds or downloads its files and goes through the cache
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import http.client
+import json
 import os
 import sys
 import urllib.error
@@ -29,18 +32,23 @@ from typing import IO
 from tqdm import tqdm
 
 from iasgd.data import cache as h5cache
+from iasgd.data import own
 from iasgd.data.cache import CACHE_FORMAT_VERSION
+from iasgd.data.own import DEFAULT_TEST_FRACTION
 from iasgd.data.registry import DATASETS, DatasetSpec, RemoteFile
 from iasgd.data.synthetic import synthetic
 from iasgd.data.types import DataError, Dataset, one_line
 from iasgd.files import replacing
 
-__all__ = ["CACHE_FORMAT_VERSION", "DATASETS", "DATA_DIR_ENV",
+__all__ = ["CACHE_FORMAT_VERSION", "DATASETS", "DATA_DIR_ENV", "DEFAULT_TEST_FRACTION",
            "DataError", "Dataset", "DatasetSpec", "load", "resolve_data_dir", "synthetic"]
 
 DATA_DIR_ENV = "IASGD_DATA"
 
 _CHUNK_BYTES = 1 << 20
+# Bump when iasgd.data.own converts a file differently: caches of older conversions are
+# rebuilt (the conversion options, this included, are recorded in the cache).
+_OWN_CONVERSION_VERSION = 1
 
 
 def resolve_data_dir(data_dir: str | Path | None) -> Path:
@@ -50,19 +58,29 @@ def resolve_data_dir(data_dir: str | Path | None) -> Path:
     return Path(data_dir).expanduser().absolute()
 
 
-def load(name: str, data_dir: str | Path | None = None, archive: str | Path | None = None,
-         progress: bool = True) -> Dataset:
-    """Load dataset `name` (one of DATASETS), from the HDF5 cache when it is current.
+def load(name: str | Path, data_dir: str | Path | None = None, archive: str | Path | None = None,
+         progress: bool = True, *, test_fraction: float = DEFAULT_TEST_FRACTION,
+         seed: int = 0, layout: str = "auto") -> Dataset:
+    """Load dataset `name` (one of DATASETS, or the path of a user's own .npz, .h5 or .hdf5
+    file), from the HDF5 cache when it is current.
 
     archive: the source to use instead of the official file name in data_dir: for an
     "archive" dataset (CIFAR) the archive in the official layout (any file name, any
     checksum), for a "directory" dataset (fashion-mnist) a directory holding its files.
     progress: show download progress and say when the cache is built (on stderr).  The
     cache is skipped, with a warning, when data_dir is not writable.
+    test_fraction, seed, layout: for a user's own file only (iasgd.data.own.from_arrays):
+    the share of images held out as the test split when the file has none, the seed of that
+    split, and where the images' channels are ("auto", "nchw", "nhwc"; "auto" uses the
+    file's own 'layout' entry if it has one).  Registry datasets ignore them.
     """
-    spec = DATASETS.get(name)
+    spec = DATASETS.get(str(name))
+    if spec is None and own.is_own_file(str(name)):
+        return _load_own_file(Path(name), data_dir, archive, progress,
+                              test_fraction=test_fraction, seed=seed, layout=layout)
     if spec is None:
-        raise DataError(f"unknown dataset {name!r}: choose one of {', '.join(DATASETS)}")
+        raise DataError(f"unknown dataset {name!r}: choose one of {', '.join(DATASETS)}, or "
+                        "give the path of an .npz, .h5 or .hdf5 file of your own")
     if spec.generate is not None:
         return spec.generate()
     root = resolve_data_dir(data_dir)
@@ -81,6 +99,41 @@ def load(name: str, data_dir: str | Path | None = None, archive: str | Path | No
     dataset = _parse_sources(spec, sources)
     h5cache.write_or_warn(cache, dataset, h5cache.sha256_of_files(sources),
                           h5cache.fingerprint(sources))
+    return dataset
+
+
+def _load_own_file(path: Path, data_dir: str | Path | None, archive: str | Path | None,
+                   progress: bool, *, test_fraction: float, seed: int, layout: str) -> Dataset:
+    """A user's .npz / HDF5 file, validated and converted by iasgd.data.own, through the
+    cache <data_dir>/<file name>.<12 hex of sha256(absolute path)>.h5.
+
+    The path's hash in the cache's name keeps files of the same name in different folders
+    apart; the file's sha256 in the cache makes a changed file be read again.
+    """
+    path = own.check_path(path)
+    own.check_options(str(path), test_fraction, seed, layout)
+    if archive is not None:
+        raise DataError(f"archive ({archive}) is for the registry's datasets; {path} is its "
+                        "own source: drop the archive")
+    root = resolve_data_dir(data_dir)
+    path_hash = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
+    cache = root / f"{path.name}.{path_hash}.h5"
+    conversion = json.dumps({"version": _OWN_CONVERSION_VERSION,
+                             "test_fraction": float(test_fraction),
+                             "seed": int(seed), "layout": layout}, sort_keys=True)
+    if cache.exists():
+        dataset = h5cache.load_converted_if_current(cache, path.name, path, conversion)
+        if dataset is not None:
+            return dataset
+    # Hashed before reading: if the file changes meanwhile, the next load sees a new
+    # fingerprint and hash and reads it again, instead of trusting a stale cache.
+    source_fingerprint = h5cache.fingerprint([path])
+    source_sha256 = h5cache.sha256_of_files([path])
+    dataset, summary = own.read_file(path, test_fraction=test_fraction, seed=seed,
+                                     layout=layout)
+    if progress:
+        print(f"iasgd: {summary} (cached in {cache})", file=sys.stderr)
+    h5cache.write_or_warn(cache, dataset, source_sha256, source_fingerprint, conversion)
     return dataset
 
 
