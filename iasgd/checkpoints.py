@@ -6,11 +6,17 @@ snapshot metadata, JSON: position, random states, controller state, results
 so far; datasets, since attributes are limited to 64 KiB); group `arrays`
 with one dataset per snapshot array (parameters, momentum, gate state,
 counters, histograms, the loss ring, ...).
+
+`check_fits` compares a loaded snapshot with what a run restores from it
+(the executors say what that is), so that a checkpoint of another model,
+configuration or version is a one-line error rather than a crash.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from numbers import Real
 from pathlib import Path
 
 import h5py
@@ -25,6 +31,60 @@ VERSION = 2  # 2: the gate state of persistent workers (DONE, deadline, ...)
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be used; the message is one line."""
+
+
+# An array a run restores: its exact shape and dtype.
+ArraySpec = tuple[tuple[int, ...], np.dtype]
+
+
+def check_fits(snapshot: Snapshot, meta: Mapping[str, type] | None = None,
+               arrays: Mapping[str, ArraySpec] | None = None) -> None:
+    """Raise CheckpointError (one line, naming the first misfit) unless the
+    snapshot's metadata hold every key of `meta` with a value of its type
+    (float: any real number) and its arrays every one of `arrays` with
+    exactly that shape and dtype: what a run restores from it."""
+    for problem in (_meta_problem(snapshot.meta, meta or {}),
+                    _array_problem(snapshot.arrays, arrays or {})):
+        if problem:
+            raise misfit(problem)
+
+
+def misfit(problem: str) -> CheckpointError:
+    """The error of a checkpoint that does not fit the run resuming it;
+    problem: what is wrong with it, e.g. "it lacks the array 'params'"."""
+    return CheckpointError(f"the checkpoint does not fit this run: {problem} (a checkpoint of "
+                           "another model, configuration or iasgd version?); use a checkpoint "
+                           "of this run, or start afresh")
+
+
+def _meta_problem(saved: object, needed: Mapping[str, type]) -> str | None:
+    if not isinstance(saved, dict):
+        return "its metadata are not a JSON object"
+    for key, kind in needed.items():
+        if key not in saved:
+            return f"its metadata lack {key!r}"
+        if not _is_a(saved[key], kind):
+            return f"its metadata {key!r} is {saved[key]!r}, not a JSON {kind.__name__}"
+    return None
+
+
+def _is_a(value: object, kind: type) -> bool:
+    """Whether a JSON value is of `kind`: a bool is no int (as it is to Python),
+    and any number will do for a float (one may have been written as 0)."""
+    if isinstance(value, bool):
+        return kind is bool
+    return isinstance(value, Real if kind is float else kind)
+
+
+def _array_problem(saved: Mapping[str, np.ndarray], needed: Mapping[str, ArraySpec]) -> str | None:
+    for name, (shape, dtype) in needed.items():
+        if name not in saved:
+            return f"it lacks the array {name!r}"
+        array = saved[name]
+        if array.shape != tuple(shape) or array.dtype != dtype:
+            return (f"its array {name!r} is {array.dtype} of shape {array.shape}, this run's is "
+                    f"{np.dtype(dtype)} of shape {tuple(shape)}")
+    return None
 
 
 def save(path: str | Path, config: dict, snapshot: Snapshot) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
+import json
 import os
 import signal
 import sys
@@ -91,12 +92,15 @@ class RunOptions:
         None, "ray: the cluster to join (auto: the one this machine belongs to)", group=CLUSTER,
         metavar="HOST:PORT", default_text="start a local Ray with --nodes node actors")
     out: str = option("results.json", "results JSON (config, status, per-epoch records), "
-                                      "written atomically", group=OUTPUT)
+                                      "written atomically; a --resume without --out extends "
+                                      "the results of the run it resumes, beside its checkpoint",
+                      group=OUTPUT)
     quiet: bool = option(False, "print only errors", group=OUTPUT)
     checkpoint: str | None = option(
         None, "checkpoint file (HDF5), written at the end of the run (--resume it with more "
               "--epochs to extend the run), on Ctrl-C/SIGTERM and every --checkpoint-every "
-              "epochs", group=OUTPUT, metavar="PATH",
+              "epochs; a --resume without --out writes the checkpoint it resumes",
+        group=OUTPUT, metavar="PATH",
         default_text="beside --out, as NAME.ckpt.h5")
     checkpoint_every: int = option(
         0, "also write the checkpoint every this many epochs (0: only at the end and when "
@@ -105,7 +109,8 @@ class RunOptions:
         False, "write no checkpoint at all (a stopped run cannot be resumed)", group=OUTPUT)
     resume: str | None = option(
         None, "continue the run saved in this checkpoint, with its configuration (--epochs, "
-              "--time-budget and output options may change)", group=OUTPUT, metavar="PATH")
+              "--time-budget and output options may change), writing beside it unless --out "
+              "is given", group=OUTPUT, metavar="PATH")
 
 
 EXIT_CODES = {0: "completed, or stopped by --time-budget",
@@ -139,29 +144,44 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    """Parse and cross-check the options; raise UsageError on bad input."""
+    """Parse and cross-check the options; raise UsageError on bad input. With
+    --resume, the options of the run are checked by resumed_args, once merged
+    with those saved in the checkpoint."""
     args = build_parser().parse_args(argv)
+    _check_command_line(args)
+    if args.resume is None:
+        check_options(args)
+    return args
+
+
+def _check_command_line(args: argparse.Namespace) -> None:
+    """The options that contradict each other as given, whatever a resumed
+    checkpoint holds."""
+    if args.no_checkpoint and (args.checkpoint is not None or args.checkpoint_every):
+        other = "--checkpoint" if args.checkpoint is not None else "--checkpoint-every"
+        raise UsageError(f"--no-checkpoint and {other} contradict each other; drop one")
+    if args.archive is not None and not Path(args.archive).exists():
+        raise UsageError(f"--archive {args.archive}: no such file or directory")
+    if args.simulate and args.resume:
+        raise UsageError("--simulate runs are not checkpointed, so there is nothing to "
+                         "--resume; drop one of the two")
+
+
+def check_options(args: argparse.Namespace) -> None:
+    """The options of a run (a resumed one's merged with its checkpoint's)
+    fit together; its --model spec is made canonical. UsageError if not."""
     if args.hidden is not None and args.model != "mlp":
         raise UsageError("--hidden applies to --model mlp only")
-    try:  # a bad spec is one line and exit 2, before any data is loaded
-        model = models.build(args.model, args.dataset, hidden=args.hidden)
-    except ValueError as e:
-        raise UsageError(f"--model {args.model}: {e}") from None
-    if args.model not in models.MODELS:  # a spec, recorded (and compared on resume) canonically
-        args.model = model.spec
+    # a bad spec is one line and exit 2, before any data is loaded
+    args.model = canonical_model(args.model, args.dataset, args.hidden)
     if args.threads > MAX_THREADS:
         raise UsageError(f"--threads {args.threads} is more than {MAX_THREADS}; "
                          "use at most a few times the number of cores")
     if args.seed < 0:
         raise UsageError(f"--seed must be >= 0, got {args.seed}")
     _check_writable_file("--out", args.out)
-    if args.no_checkpoint and (args.checkpoint is not None or args.checkpoint_every):
-        other = "--checkpoint" if args.checkpoint is not None else "--checkpoint-every"
-        raise UsageError(f"--no-checkpoint and {other} contradict each other; drop one")
     if args.checkpoint is not None:
         _check_writable_file("--checkpoint", args.checkpoint)
-    if args.archive is not None and not Path(args.archive).exists():
-        raise UsageError(f"--archive {args.archive}: no such file or directory")
     try:
         train_config(args).check()
     except ConfigError as e:
@@ -176,10 +196,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         _check_ray(args)
     elif args.address is not None:
         raise UsageError("--address applies to --backend ray; add --backend ray or drop it")
-    if args.simulate and args.resume:
-        raise UsageError("--simulate runs are not checkpointed, so there is nothing to "
-                         "--resume; drop one of the two")
-    return args
+
+
+def canonical_model(model: str, dataset: str, hidden: tuple[int, ...] | None) -> str:
+    """A preset's name, or a spec in its canonical spelling (as it is recorded,
+    and compared on resume); UsageError if it does not build on `dataset`."""
+    try:
+        built = models.build(model, dataset, hidden=hidden)
+    except ValueError as e:
+        raise UsageError(f"--model {model}: {e}") from None
+    return model if model in models.MODELS else built.spec
 
 
 def _check_ray(args: argparse.Namespace) -> None:
@@ -319,17 +345,34 @@ def default_checkpoint(out: str) -> str:
     return str(path.with_name(path.stem + ".ckpt.h5"))
 
 
+def resumed_out(checkpoint: str, saved_out: str) -> str:
+    """Where a resume without --out writes its results: the results file of
+    the run saved in `checkpoint`, beside it. That is the saved --out's file
+    name when the checkpoint was saved beside it (default_checkpoint), so a
+    relative --out is found from any folder; else NAME.json for a checkpoint
+    NAME.ckpt.h5, NAME.h5 or NAME."""
+    path = Path(checkpoint)
+    beside = path.with_name(Path(saved_out).name)
+    if default_checkpoint(str(beside)) == str(path):
+        return str(beside)
+    return str(path.with_name(path.name.removesuffix(".h5").removesuffix(".ckpt") + ".json"))
+
+
 # Options a resumed run may change; everything else is the saved run's.
 RESUME_MAY_CHANGE = {"epochs", "time_budget", "out", "quiet", "checkpoint", "checkpoint_every",
                      "no_checkpoint", "data_dir", "archive", "resume"}
 
 
-def resumed_args(args: argparse.Namespace, argv: list[str]) -> tuple[argparse.Namespace, object]:
+def resumed_args(args: argparse.Namespace,
+                 argv: list[str]) -> tuple[argparse.Namespace, engine.Snapshot]:
     """The saved run's options, with those RESUME_MAY_CHANGE taken from the
-    command line, and the snapshot. A resume that asks for another model,
+    command line and its outputs (resumed_outputs), checked; and the
+    snapshot, checked against them. A resume that asks for another model,
     dataset or training option is refused."""
     saved, snapshot = checkpoints.load(args.resume)
     given = {tok.split("=")[0][2:].replace("-", "_") for tok in argv if tok.startswith("--")}
+    if "model" in given:  # compared in the spelling the saved run recorded
+        args.model = canonical_model(args.model, saved.get("dataset", args.dataset), args.hidden)
     for name in sorted(given - RESUME_MAY_CHANGE):
         if name in saved and saved[name] != _comparable(getattr(args, name)):
             what = ("model or dataset" if name in ("model", "dataset", "hidden")
@@ -340,14 +383,55 @@ def resumed_args(args: argparse.Namespace, argv: list[str]) -> tuple[argparse.Na
     # An option the saved run lacks (an older iasgd) is this command line's, default or given.
     merged = {**vars(args), **saved, **{k: getattr(args, k) for k in RESUME_MAY_CHANGE
                                         if k in given}}
-    merged["resume"] = args.resume
-    if "out" not in given:
-        merged["out"] = args.out
+    merged.update(resumed_outputs(args, saved, given))
     if merged.get("hidden") is not None:
         merged["hidden"] = tuple(merged["hidden"])
     merged = argparse.Namespace(**merged)
+    check_options(merged)
+    try:
+        engine.check_resume(models.build(merged.model, merged.dataset, hidden=merged.hidden),
+                            train_config(merged), snapshot)
+    except checkpoints.CheckpointError as e:
+        raise UsageError(f"--resume {args.resume}: {e}") from None
     _check_work_left(merged, snapshot)
     return merged, snapshot
+
+
+def resumed_outputs(args: argparse.Namespace, saved: dict, given: set[str]) -> dict:
+    """Where a resume writes (out, checkpoint): with --out there, and its
+    checkpoint beside it (or at --checkpoint), as any run's; without, it
+    extends the results file of the run it resumes (resumed_out) and the
+    checkpoint it resumes, unless that results file is another run's. Never
+    the saved run's own --out and --checkpoint: relative, they were paths
+    from another folder."""
+    if "out" in given:
+        return {"out": args.out, "checkpoint": args.checkpoint}
+    out = resumed_out(args.resume, saved.get("out", args.out))
+    _check_results_of(out, saved, args.resume)
+    checkpoint = args.checkpoint if "checkpoint" in given or args.no_checkpoint else args.resume
+    return {"out": out, "checkpoint": checkpoint}
+
+
+def _check_results_of(out: str, saved: dict, resume: str) -> None:
+    """`out`, if it exists, holds the results of the run saved in the checkpoint
+    `resume` (the same training options): a resume never writes over another
+    run's results unless told to with --out."""
+    path = Path(out)
+    if not path.exists():
+        return
+    try:
+        theirs = _training_options(json.loads(path.read_text())["config"])
+        same = theirs == _training_options(saved)
+    except (OSError, ValueError, KeyError, TypeError):  # unreadable, not JSON, not results
+        same = False
+    if not same:
+        raise UsageError(f"--resume {resume}: {out} holds another run's results, not those of "
+                         "the run it resumes; give --out to say where its results go")
+
+
+def _training_options(config: dict) -> dict:
+    """A run configuration without the options a resume may change."""
+    return {k: _comparable(v) for k, v in config.items() if k not in RESUME_MAY_CHANGE}
 
 
 def _check_work_left(args: argparse.Namespace, snapshot: engine.Snapshot) -> None:
@@ -510,6 +594,9 @@ def train_and_report(args: argparse.Namespace, model: models.Model, data: datase
     try:
         result = engine.train(model, data, train_config(args), hooks, resume=snapshot,
                               checkpoint_every=args.checkpoint_every, address=args.address)
+    except checkpoints.CheckpointError as e:  # an array the executor restores does not fit
+        print(f"iasgd: error: --resume {args.resume}: {e}", file=sys.stderr)
+        return EXIT_USAGE
     except RuntimeError as e:  # a worker or every node failed; the others have stopped
         print(f"iasgd: error: {e}", file=sys.stderr)
         return getattr(e, "exit_code", EXIT_FAILED)  # a cluster never reached: 2

@@ -1,18 +1,28 @@
 """Checkpoints: an interrupted sequential run resumes bit-identically; a
-parallel one resumes and completes its epochs; bad files are clear errors and
-a failed write leaves the old checkpoint whole."""
+parallel one resumes and completes its epochs; bad files, and checkpoints
+whose contents do not fit the run resuming them, are clear errors; a failed
+write leaves the old checkpoint whole, and a killed one's temporary is
+removed by the next write."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from iasgd import checkpoints, engine
+from iasgd import checkpoints, engine, run
 from iasgd import data as datasets
 from iasgd.nn import models
 
+REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def synthetic():
@@ -153,3 +163,181 @@ def test_a_failed_write_leaves_the_old_checkpoint(tmp_path):
         checkpoints.save(path, {"v": 2}, engine.Snapshot({"a": np.array([object()])}, {}))
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.h5"]  # no temporary left
+
+
+# ---------------------------------------------------------------- forged checkpoints
+
+
+@pytest.fixture(scope="module")
+def saved_runs(tmp_path_factory):
+    """Real end-of-run checkpoints of tiny runs on the default synthetic data:
+    sequential lenet, interval lenet on 2 threads, sequential mlp."""
+    where = tmp_path_factory.mktemp("saved")
+    for name, args in (("seq", []), ("par", ["--algo", "interval", "--threads", "2"]),
+                       ("mlp", ["--model", "mlp"])):
+        assert run.main(["--dataset", "synthetic", "--epochs", "1", "--quiet",
+                         "--out", str(where / f"{name}.json"), *args]) == 0
+    return where
+
+
+def _rewrite_json(f, key, edit) -> None:
+    value = json.loads(f[key][()])
+    edit(value)
+    del f[key]
+    f[key] = json.dumps(value)
+
+
+def _drop_array(name):
+    return lambda f: f["arrays"].__delitem__(name)
+
+
+def _replace_array(name, change):
+    def edit(f):
+        array = change(f["arrays"][name][()])
+        del f["arrays"][name]
+        f["arrays"].create_dataset(name, data=array)
+    return edit
+
+
+def _edit_meta(change):
+    return lambda f: _rewrite_json(f, "meta", change)
+
+
+FORGERIES = {  # name: (saved run, edit of its checkpoint, what the error must name)
+    "no params": ("seq", _drop_array("params"), "'params'"),
+    "no epoch": ("seq", _edit_meta(lambda m: m.pop("epoch")), "'epoch'"),
+    "epoch a string": ("seq", _edit_meta(lambda m: m.update(epoch="2")), "'epoch'"),
+    "short params": ("seq", _replace_array("params", lambda a: a[:-1]), "'params'"),
+    "float64 params": ("seq", _replace_array("params", lambda a: a.astype(np.float64)),
+                       "float64"),
+    "short losses": ("seq", _replace_array("losses", lambda a: a[:-1]), "'losses'"),
+    "short state": ("par", _replace_array("state", lambda a: a[:-1]), "'state'"),
+    "short probe": ("par", _replace_array("probe", lambda a: a[:1]), "'probe'"),
+    "no ring": ("par", _drop_array("ring"), "'ring'"),
+    "no control": ("par", _edit_meta(lambda m: m.pop("control")), "'control'"),
+    "a ray run's": ("par", _edit_meta(lambda m: m.update(backend="ray")), "ray"),
+    "mlp as lenet": ("mlp", lambda f: _rewrite_json(
+        f, "config", lambda c: c.update(model="lenet", hidden=None)), "'params'"),
+}
+
+
+def forged(saved_runs, tmp_path, name):
+    """A copy of a saved run's checkpoint, rewritten by FORGERIES[name]."""
+    import h5py
+
+    run_name, edit, _ = FORGERIES[name]
+    path = tmp_path / "forged.ckpt.h5"
+    shutil.copy(saved_runs / f"{run_name}.ckpt.h5", path)
+    with h5py.File(path, "r+") as f:
+        edit(f)
+    return path
+
+
+@pytest.mark.parametrize("name", FORGERIES)
+def test_a_forged_checkpoint_is_refused_by_the_api_in_one_line(saved_runs, tmp_path, name):
+    config, snap = checkpoints.load(forged(saved_runs, tmp_path, name))
+    args = argparse.Namespace(**config)
+    model = models.build(args.model, args.dataset, hidden=args.hidden)
+    data = datasets.load("synthetic")
+    cfg = dataclasses.replace(run.train_config(args), epochs=3)
+    with pytest.raises(checkpoints.CheckpointError, match=FORGERIES[name][2]) as info:
+        engine.train(model, data, cfg, resume=snap)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("name", FORGERIES)
+def test_a_forged_checkpoint_is_refused_by_the_cli_in_one_line(saved_runs, tmp_path, name,
+                                                               capsys, monkeypatch):
+    path = forged(saved_runs, tmp_path, name)
+    monkeypatch.chdir(tmp_path)
+    assert run.main(["--resume", str(path), "--epochs", "3", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"iasgd: error: --resume {path}: ") and err.count("\n") == 1
+    assert FORGERIES[name][2] in err
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # nothing written
+
+
+def test_python_m_iasgd_run_refuses_a_forged_checkpoint_without_a_traceback(saved_runs,
+                                                                             tmp_path):
+    path = forged(saved_runs, tmp_path, "short state")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-m", "iasgd.run", "--resume", str(path),
+                           "--epochs", "3"], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=300)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "'state'" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("name", ["no params", "short params", "no epoch", "par"])
+def test_a_ray_resume_checks_the_snapshot_before_starting_ray(saved_runs, tmp_path, name,
+                                                              monkeypatch):
+    """--backend ray: the parameters' length and the backend are checked (RayRun restores
+    the rest on its server), before any Ray is started."""
+    from iasgd.executors import ray_cluster
+
+    def no_ray(*_a, **_k):
+        raise AssertionError("Ray was started")
+
+    monkeypatch.setattr(ray_cluster, "connect", no_ray)
+    if name == "par":  # a threads run's snapshot, otherwise intact
+        _, snap = checkpoints.load(saved_runs / "par.ckpt.h5")
+        needle = "threads"
+    else:
+        _, snap = checkpoints.load(forged(saved_runs, tmp_path, name))
+        snap.meta["backend"] = "ray"
+        needle = FORGERIES[name][2]
+    cfg = engine.TrainConfig(algo="hogwild", threads=2, backend="ray", nodes=2)
+    with pytest.raises(checkpoints.CheckpointError, match=needle):
+        engine.train(models.build("lenet", "synthetic"), datasets.load("synthetic"), cfg,
+                     resume=snap)
+
+
+# ---------------------------------------------------------------- stale temporaries
+
+WRITER = """
+import os, socket, sys
+from iasgd import files
+if sys.argv[2] == "elsewhere":
+    socket.gethostname = lambda: "elsewhere"
+with files.replacing(sys.argv[1]) as tmp:
+    tmp.write_bytes(b"half a checkpoint")
+    print(tmp.name, flush=True)
+    if sys.argv[2] == "live":
+        sys.stdin.readline()  # a writer still at work, until told to die
+    os._exit(9)  # killed while writing
+"""
+
+
+def writer(path, how: str) -> subprocess.Popen:
+    """A process that starts writing `path` with files.replacing and dies
+    inside the write (how: "dead" at once, "live" when its stdin closes,
+    "elsewhere" at once, as if on another machine)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen([sys.executable, "-c", WRITER, str(path), how], env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
+def test_a_write_removes_the_temporaries_of_dead_writers_only(tmp_path):
+    path = tmp_path / "r.ckpt.h5"
+    # the dead one last: each write clears what died before it
+    live = writer(path, "live")
+    elsewhere = writer(path, "elsewhere")  # its writer may be alive on its machine
+    other = writer(tmp_path / "other.ckpt.h5", "dead")  # another file's
+    live_tmp, elsewhere_tmp, other_tmp = (p.stdout.readline().strip()
+                                          for p in (live, elsewhere, other))
+    dead = writer(path, "dead")
+    dead_tmp = dead.stdout.readline().strip()
+    assert [p.wait() for p in (elsewhere, other, dead)] == [9, 9, 9]
+    assert {dead_tmp, live_tmp, other_tmp, elsewhere_tmp} <= {p.name
+                                                               for p in tmp_path.iterdir()}
+    snap = engine.Snapshot({"a": np.ones(3)}, {})
+    checkpoints.save(path, {}, snap)
+    left = {p.name for p in tmp_path.iterdir()}
+    assert dead_tmp not in left
+    assert {live_tmp, other_tmp, elsewhere_tmp} <= left  # a live writer's temporary stays
+    live.stdin.close()
+    assert live.wait() == 9
+    checkpoints.save(path, {}, snap)  # now that it is dead, its temporary goes
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [path.name, other_tmp, elsewhere_tmp])
+    assert checkpoints.load(path)[1].arrays["a"].tolist() == [1, 1, 1]

@@ -397,3 +397,70 @@ def test_a_spec_model_trains_is_recorded_and_resumes_only_as_itself(tmp_path, ca
     assert run.main(["--resume", ckpt, "--quiet", "--out", str(out), "--epochs", "2",
                      "--model", "conv4k3s,relu,pool,dense16,relu,dense"]) == 0
     assert json.loads(out.read_text())["status"] == "completed"
+
+
+def test_a_resume_without_out_extends_the_results_and_checkpoint_it_resumes(tmp_path,
+                                                                              monkeypatch):
+    """The command the run prints (--resume DIR/r.ckpt.h5 --epochs N), given in
+    another folder, extends DIR/r.json and DIR/r.ckpt.h5 and writes nothing
+    where it is given; a relative --out of the first run is found beside its
+    checkpoint, whatever its name."""
+    from iasgd import checkpoints
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "results.json").write_text("another run's\n")
+    monkeypatch.chdir(tmp_path)
+    for out in ("sub/r.json", "sub/s.results"):
+        (tmp_path / "sub").mkdir(exist_ok=True)
+        assert run.main(["--dataset", "synthetic", "--quiet", "--epochs", "1", "--out", out]) == 0
+    monkeypatch.chdir(elsewhere)
+    for name, results in (("r", "r.json"), ("s", "s.results")):
+        ckpt = tmp_path / "sub" / f"{name}.ckpt.h5"
+        assert run.main(["--resume", str(ckpt), "--epochs", "2", "--quiet"]) == 0
+        doc = json.loads((tmp_path / "sub" / results).read_text())
+        assert doc["status"] == "completed" and [e["epoch"] for e in doc["epochs"]] == [1, 2]
+        assert doc["checkpoint"] == str(ckpt)
+        assert checkpoints.load(ckpt)[1].meta["epoch"] == 3  # the next epoch to run
+    assert sorted(p.name for p in (tmp_path / "sub").iterdir()) == [
+        "r.ckpt.h5", "r.json", "s.ckpt.h5", "s.results"]
+    assert [p.name for p in elsewhere.iterdir()] == ["results.json"]
+    assert (elsewhere / "results.json").read_text() == "another run's\n"
+
+
+def test_a_resume_with_out_writes_there_and_keeps_what_it_resumes(tmp_path):
+    trained(tmp_path, "r", "--epochs", "1")
+    before = {name: (tmp_path / name).read_bytes() for name in ("r.json", "r.ckpt.h5")}
+    doc = trained(tmp_path, "x", "--resume", str(tmp_path / "r.ckpt.h5"), "--epochs", "2")
+    assert [e["epoch"] for e in doc["epochs"]] == [1, 2]
+    assert doc["checkpoint"] == str(tmp_path / "x.ckpt.h5")  # beside --out, as for any run
+    assert {name: (tmp_path / name).read_bytes() for name in before} == before
+
+
+def test_a_resume_without_out_never_writes_over_another_runs_results(tmp_path, capsys):
+    """A checkpoint saved under its own --checkpoint name c.h5: its results
+    default to c.json beside it, which here belongs to another run."""
+    trained(tmp_path, "a", "--epochs", "1", "--checkpoint", str(tmp_path / "c.h5"))
+    trained(tmp_path, "c", "--epochs", "1", "--seed", "7")
+    before = (tmp_path / "c.json").read_bytes()
+    assert run.main(["--resume", str(tmp_path / "c.h5"), "--epochs", "2", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "another run" in err and "--out" in err
+    assert (tmp_path / "c.json").read_bytes() == before
+    (tmp_path / "c.json").unlink()  # once it is gone, c.json is this run's to write
+    assert run.main(["--resume", str(tmp_path / "c.h5"), "--epochs", "2", "--quiet"]) == 0
+    assert json.loads((tmp_path / "c.json").read_text())["config"]["seed"] == 0
+
+
+def test_a_resume_checks_the_options_it_merges_with_the_checkpoints(tmp_path, capsys):
+    """--threads on a resume is compared with the saved run's (not checked
+    against this command line's default --algo sequential)."""
+    trained(tmp_path, "iv", "--algo", "interval", "--threads", "3", "--epochs", "1")
+    ckpt = str(tmp_path / "iv.ckpt.h5")
+    assert run.main(["--resume", ckpt, "--threads", "2", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--threads 3, not 2" in err
+    assert "cannot change the training options" in err
+    assert run.main(["--resume", ckpt, "--threads", "3", "--epochs", "2", "--quiet"]) == 0
+    doc = json.loads((tmp_path / "iv.json").read_text())
+    assert [e["epoch"] for e in doc["epochs"]] == [1, 2] and doc["config"]["threads"] == 3

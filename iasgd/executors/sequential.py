@@ -7,9 +7,11 @@ resumes bit-identically.
 from __future__ import annotations
 
 import time
+from typing import ClassVar
 
 import numpy as np
 
+from iasgd.checkpoints import ArraySpec, check_fits
 from iasgd.config import TrainConfig, eval_points, steps_per_epoch
 from iasgd.data import Dataset
 from iasgd.executors.epochs import run_epochs
@@ -42,6 +44,11 @@ def shuffle_streams(seed: int) -> np.random.Generator:
 class SequentialRun:
     """One thread (see module doc); an Executor of iasgd.executors.epochs."""
 
+    # what a resume reads from a snapshot's metadata, with its JSON type
+    RESUME_META: ClassVar[dict[str, type]] = {
+        "epoch": int, "step": int, "epoch_time": float, "in_epoch": bool, "rng": dict,
+        "result": dict}
+
     def __init__(self, model: Model, data: Dataset, cfg: TrainConfig,
                  resume: Snapshot | None = None):
         self.model, self.data, self.cfg = model, data, cfg
@@ -58,6 +65,8 @@ class SequentialRun:
             self.epoch, self.step, self.epoch_time = 1, 0, 0.0
             self.result = RunResult(status=Status.COMPLETED, params=params)
         else:
+            check_fits(resume, self.RESUME_META)  # first: resume_arrays reads in_epoch
+            check_fits(resume, arrays=self.resume_arrays(resume.meta["in_epoch"]))
             a, meta = resume.arrays, resume.meta
             self.velocity, self.losses = a["velocity"], a["losses"]
             self.order = a["order"] if meta["in_epoch"] else None
@@ -68,6 +77,17 @@ class SequentialRun:
         r = self.result
         self.weights = K.Weights(r.params, self.velocity)
         self.inputs = K.Images(self.images, data.y_train, *model.image_transform)
+
+    def resume_arrays(self, in_epoch: bool) -> dict[str, ArraySpec]:
+        """The shape and dtype of each array a resume takes from a snapshot;
+        the compiled steps use them as they are, so they must be exact.
+        in_epoch: the snapshot was taken inside an epoch (it holds the
+        epoch's order of the training samples)."""
+        params = ((self.model.num_params,), np.dtype(np.float32))
+        return {"params": params, "velocity": params,
+                "losses": ((self.steps,), np.dtype(np.float64)),
+                "staleness_hist": ((1,), np.dtype(np.int64)),  # tau is always 0
+                "order": ((self.images.shape[0] if in_epoch else 0,), np.dtype(np.int64))}
 
     def snapshot(self) -> Snapshot:
         r = self.result

@@ -18,10 +18,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import ClassVar
 
 import numpy as np
 
 from iasgd.algorithms import ALGORITHMS
+from iasgd.checkpoints import check_fits
 from iasgd.config import TrainConfig, eval_points, steps_per_epoch
 from iasgd.data import Dataset
 from iasgd.executors.arrays import WorkerArrays
@@ -174,6 +176,9 @@ class ThreadedRun:
 
     TEAM_ARRAYS = ("params", "velocity", "state", "probe", "counters", "hist", "losses",
                    "run_hist", "senses", "lr_factors", "ring")
+    # what a resume reads from a snapshot's metadata, with its JSON type
+    RESUME_META: ClassVar[dict[str, type]] = {
+        "epoch": int, "epoch_time": float, "segment": int, "result": dict, "control": dict}
 
     def __init__(self, model: Model, data: Dataset, cfg: TrainConfig,
                  resume: Snapshot | None = None):
@@ -189,6 +194,11 @@ class ThreadedRun:
 
     def _restore(self, snap: Snapshot) -> None:
         team, meta = self.team, snap.meta
+        # each saved array must be exactly the team's own: a copy of another
+        # shape would fail, or broadcast silently, and another dtype be cast
+        check_fits(snap, self.RESUME_META,
+                   {name: (getattr(team, name).shape, getattr(team, name).dtype)
+                    for name in self.TEAM_ARRAYS})
         for name in self.TEAM_ARRAYS:
             getattr(team, name)[...] = snap.arrays[name]
         # the stop that ended the last segment, and its deadline, are over
