@@ -5,7 +5,7 @@ The Python API, in one import:
 
     from iasgd import TrainConfig, build, load, train
 
-    data = load("synthetic")                       # or "cifar10", "fashion-mnist", ...
+    data = load("synthetic")                       # or "cifar10", ..., or "mine.npz"
     model = build("lenet", "synthetic")            # a preset or a layer spec
     result = train(model, data, TrainConfig(algo="interval", threads=4, epochs=1))
     print(result.epochs[-1].test_accuracy)
@@ -19,11 +19,12 @@ protocol, `engine.train`, and the entry points `python -m iasgd.run` and
 """
 
 from iasgd.config import ConfigError, TrainConfig
-from iasgd.data import DataError, Dataset, load
+from iasgd.data import DataError, Dataset, from_arrays, load
 from iasgd.engine import train
 from iasgd.executors.simulated import simulate
 from iasgd.nn.models import Model, build
 from iasgd.results import EpochRecord, Hooks, RunResult, Snapshot, Status
 
 __all__ = ["ConfigError", "DataError", "Dataset", "EpochRecord", "Hooks", "Model", "RunResult",
-           "Snapshot", "Status", "TrainConfig", "build", "load", "simulate", "train"]
+           "Snapshot", "Status", "TrainConfig", "build", "from_arrays", "load", "simulate",
+           "train"]

@@ -35,10 +35,12 @@ RESUME_META = {"epoch": int, "epoch_time": float, "result": dict}
 
 def train(model: Model, data: Dataset, cfg: TrainConfig, hooks: Hooks | None = None, *,
           resume: Snapshot | None = None, checkpoint_every: int = 0,
-          address: str | None = None) -> RunResult:
-    """Run the algorithm that cfg.algo names, from the start or from a
-    snapshot of the same configuration, on this machine's threads or (with
-    cfg.backend "ray") on the Ray cluster at `address` (None: a local one).
+          address: str | None = None, init: np.ndarray | None = None) -> RunResult:
+    """Run the algorithm that cfg.algo names, from the start (the model's
+    initialisation with cfg.seed, or the (P,) parameters `init`, e.g. from
+    iasgd.export.load_weights) or from a snapshot of the same configuration,
+    on this machine's threads or (with cfg.backend "ray") on the Ray cluster
+    at `address` (None: a local one).
     ConfigError on a configuration or data no run can use; CheckpointError
     on a snapshot this run cannot continue (check_resume, and each
     executor's check of the arrays it restores);
@@ -47,11 +49,24 @@ def train(model: Model, data: Dataset, cfg: TrainConfig, hooks: Hooks | None = N
     check_data(model, data, cfg)
     if resume is not None:
         check_resume(model, cfg, resume)
+    if init is not None:
+        check_init(model, init, resume)
     if cfg.backend == "ray":
         from iasgd.executors.ray_cluster import RayRun  # Ray is an optional extra
 
-        return RayRun(model, data, cfg, resume, address).run(hooks or Hooks(), checkpoint_every)
-    return _runner(cfg)(model, data, cfg, resume).run(hooks or Hooks(), checkpoint_every)
+        return RayRun(model, data, cfg, resume, address, init).run(hooks or Hooks(),
+                                                                   checkpoint_every)
+    return _runner(cfg)(model, data, cfg, resume, init).run(hooks or Hooks(), checkpoint_every)
+
+
+def check_init(model: Model, init: np.ndarray, resume: Snapshot | None) -> None:
+    """ConfigError (one line) unless `init` can start a run of `model`."""
+    if resume is not None:
+        raise ConfigError("a run starts from given parameters or resumes a checkpoint, not "
+                          "both")
+    if init.shape != (model.num_params,) or init.dtype != np.float32:
+        raise ConfigError(f"the starting parameters are {init.dtype} {init.shape}; the model "
+                          f"needs float32 ({model.num_params},)")
 
 
 def check_resume(model: Model, cfg: TrainConfig, snapshot: Snapshot) -> None:

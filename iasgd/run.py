@@ -18,7 +18,9 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
-from iasgd import checkpoints, engine, files, results
+import numpy as np
+
+from iasgd import checkpoints, engine, export, files, results
 from iasgd import data as datasets
 from iasgd import options as O
 from iasgd.algorithms import ALGORITHMS
@@ -63,8 +65,10 @@ class RunOptions:
     """The options of a run besides TrainConfig's, each declared with its
     command-line option (iasgd.options): field `a_b` is `--a-b`."""
 
-    dataset: str = option("cifar10", "training data; synthetic needs no files",
-                          group=MODEL_AND_DATA, choices=datasets.DATASETS)
+    dataset: str = option(
+        "cifar10", f"training data: one of {', '.join(datasets.DATASETS)} (synthetic needs no "
+                   "files), or your own .npz or HDF5 file of images and labels (docs/data.md)",
+        group=MODEL_AND_DATA, metavar="DATASET", parse=lambda text: dataset_name(text))
     model: str = option(
         "lenet", "a preset: lenet (LeNet-5 as in the paper), mlp (dense layers with ReLU), "
                  "vgg-small (two 3x3 conv blocks of 32 and 64 channels); or a layer spec such "
@@ -78,6 +82,17 @@ class RunOptions:
     archive: str | None = option(
         None, "dataset archive under another name or path (for Fashion-MNIST: the directory "
               "of its four .gz files)", group=MODEL_AND_DATA)
+    test_fraction: float = option(
+        datasets.DEFAULT_TEST_FRACTION, "your own file without a test split: the share of its "
+        "images held out as one (the same ones for every --seed)", group=MODEL_AND_DATA,
+        metavar="F", parse=O.unit_float)
+    layout: str = option("auto", "your own file: where its images' channels are (auto: "
+                                 "docs/data.md's rule)", group=MODEL_AND_DATA,
+                         choices=datasets.LAYOUTS)
+    init: str | None = option(
+        None, "start from these parameters: an export (python -m iasgd.export) or another "
+              "run's checkpoint of the same model, to fine-tune", group=MODEL_AND_DATA,
+        metavar="FILE", default_text="the model's initialisation with --seed")
     simulate: bool = option(
         False, "simulate --threads workers instead of running them (sync, async, hogwild, "
                "interval, with their schedules); times, throughput and --time-budget are in "
@@ -165,6 +180,26 @@ def _check_command_line(args: argparse.Namespace) -> None:
     if args.simulate and args.resume:
         raise UsageError("--simulate runs are not checkpointed, so there is nothing to "
                          "--resume; drop one of the two")
+    if args.init and args.resume:
+        raise UsageError("--resume continues a run with its own parameters; --init starts "
+                         "a new one from given parameters: drop one of the two")
+
+
+def dataset_name(text: str) -> str:
+    """--dataset: a registry name, or a user's own data file (as an absolute
+    path, so that a resume from another folder finds it)."""
+    if text in datasets.DATASETS:
+        return text
+    if datasets.is_own_file(text):
+        return str(Path(text).expanduser().resolve())
+    raise argparse.ArgumentTypeError(
+        f"unknown dataset {text!r}: choose one of {', '.join(datasets.DATASETS)}, or give an "
+        ".npz or HDF5 file of your own (docs/data.md)")
+
+
+def own_data(args: argparse.Namespace) -> bool:
+    """The run trains on a user's own file: the model is sized once it is loaded."""
+    return args.dataset not in datasets.DATASETS
 
 
 def check_options(args: argparse.Namespace) -> None:
@@ -172,8 +207,10 @@ def check_options(args: argparse.Namespace) -> None:
     fit together; its --model spec is made canonical. UsageError if not."""
     if args.hidden is not None and args.model != "mlp":
         raise UsageError("--hidden applies to --model mlp only")
-    # a bad spec is one line and exit 2, before any data is loaded
-    args.model = canonical_model(args.model, args.dataset, args.hidden)
+    # a bad spec is one line and exit 2, before any data is loaded (a user's own
+    # file: once it is loaded and its images' shape is known, in build_model)
+    if not own_data(args):
+        args.model = canonical_model(args.model, args.dataset, args.hidden)
     if args.threads > MAX_THREADS:
         raise UsageError(f"--threads {args.threads} is more than {MAX_THREADS}; "
                          "use at most a few times the number of cores")
@@ -388,9 +425,10 @@ def resumed_args(args: argparse.Namespace,
         merged["hidden"] = tuple(merged["hidden"])
     merged = argparse.Namespace(**merged)
     check_options(merged)
-    try:
-        engine.check_resume(models.build(merged.model, merged.dataset, hidden=merged.hidden),
-                            train_config(merged), snapshot)
+    try:  # a user's own file: engine.train checks it, once the model is sized
+        if not own_data(merged):
+            engine.check_resume(models.build(merged.model, merged.dataset, hidden=merged.hidden),
+                                train_config(merged), snapshot)
     except checkpoints.CheckpointError as e:
         raise UsageError(f"--resume {args.resume}: {e}") from None
     _check_work_left(merged, snapshot)
@@ -461,10 +499,12 @@ def main(argv: list[str] | None = None) -> int:
         args = parse_args(argv)
         if args.resume:
             args, snapshot = resumed_args(args, argv)
-        model = models.build(args.model, args.dataset, hidden=args.hidden)
         display = Display(args.quiet, args.epochs)
         t0 = time.perf_counter()
-        data = datasets.load(args.dataset, args.data_dir, args.archive, progress=not args.quiet)
+        data = datasets.load(args.dataset, args.data_dir, args.archive, progress=not args.quiet,
+                             test_fraction=args.test_fraction, layout=args.layout)
+        model = build_model(args, data)
+        init = export.load_weights(args.init, model) if args.init else None
     except (UsageError, datasets.DataError, checkpoints.CheckpointError, ValueError) as e:
         print(f"iasgd: error: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -486,12 +526,27 @@ def main(argv: list[str] | None = None) -> int:
         if missing:
             display.compiling(compile_seconds(missing))
     if args.simulate:
-        return simulate_and_report(args, model, data, display)
-    return train_and_report(args, model, data, display, snapshot)
+        return simulate_and_report(args, model, data, display, init)
+    return train_and_report(args, model, data, display, snapshot, init)
+
+
+def build_model(args: argparse.Namespace, data: datasets.Dataset) -> models.Model:
+    """The run's model, sized for its dataset (a user's own file: for the
+    images and classes it holds, its spec then recorded canonically)."""
+    if not own_data(args):
+        return models.build(args.model, args.dataset, hidden=args.hidden)
+    try:
+        model = models.build(args.model, None, input_shape=data.input_shape,
+                             num_classes=data.num_classes, hidden=args.hidden)
+    except ValueError as e:
+        raise UsageError(f"--model {args.model} on {data.name}: {e}") from None
+    if args.model not in models.MODELS:
+        args.model = model.spec
+    return model
 
 
 def simulate_and_report(args: argparse.Namespace, model: models.Model, data: datasets.Dataset,
-                        display: Display) -> int:
+                        display: Display, init: np.ndarray | None = None) -> int:
     """--simulate: the run's staleness and loss from iasgd.executors.simulated; times simulated."""
     measured = sim.measure_step_times(model, data, args.batch_size)
     display.compiled()
@@ -502,7 +557,7 @@ def simulate_and_report(args: argparse.Namespace, model: models.Model, data: dat
         how = f"lognormal, mean {1e3 * measured.mean():.2f} ms, spread {args.sim_step_spread}"
     cores = args.sim_cores or args.threads
     display.say(f"SIMULATED: {args.threads} workers on {cores} cores, step times {how}")
-    result = sim.simulate(model, data, train_config(args), step_time, cores=cores)
+    result = sim.simulate(model, data, train_config(args), step_time, cores=cores, init=init)
     for record in result.epochs:
         display.epoch_end(record)
     document = results.results_document(run_config(args), result, model.num_params)
@@ -577,7 +632,7 @@ def describe(args: argparse.Namespace, model: models.Model, data: datasets.Datas
 
 
 def train_and_report(args: argparse.Namespace, model: models.Model, data: datasets.Dataset,
-                     display: Display, snapshot: object) -> int:
+                     display: Display, snapshot: object, init: np.ndarray | None = None) -> int:
     config = run_config(args)
     checkpoint_path = args.checkpoint or default_checkpoint(args.out)
     saved: list[str] = []
@@ -593,7 +648,8 @@ def train_and_report(args: argparse.Namespace, model: models.Model, data: datase
                          should_stop=interrupts.reason, on_checkpoint=write_checkpoint)
     try:
         result = engine.train(model, data, train_config(args), hooks, resume=snapshot,
-                              checkpoint_every=args.checkpoint_every, address=args.address)
+                              checkpoint_every=args.checkpoint_every, address=args.address,
+                              init=init)
     except checkpoints.CheckpointError as e:  # an array the executor restores does not fit
         print(f"iasgd: error: --resume {args.resume}: {e}", file=sys.stderr)
         return EXIT_USAGE

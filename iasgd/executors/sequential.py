@@ -50,7 +50,7 @@ class SequentialRun:
         "result": dict}
 
     def __init__(self, model: Model, data: Dataset, cfg: TrainConfig,
-                 resume: Snapshot | None = None):
+                 resume: Snapshot | None = None, init: np.ndarray | None = None):
         self.model, self.data, self.cfg = model, data, cfg
         self.images = data.x_train.reshape(data.x_train.shape[0], -1)
         self.steps = steps_per_epoch(self.images.shape[0], cfg.batch_size)
@@ -58,7 +58,7 @@ class SequentialRun:
         self.rng = shuffle_streams(cfg.seed)
         self.chunk = 16  # steps per compiled call; grows to about CHUNK_SECONDS of work
         if resume is None:
-            params = model.init(cfg.seed)
+            params = model.init(cfg.seed) if init is None else init.copy()
             self.velocity = np.zeros_like(params)
             self.losses = np.zeros(self.steps, np.float64)
             self.order: np.ndarray | None = None  # this epoch's permutation, once drawn

@@ -96,11 +96,11 @@ class _Sim(WorkerArrays):
 
     def __init__(self, model: Model, data: Dataset, cfg: TrainConfig,
                  step_time: Callable[[np.random.Generator], float], cores: int, quantum: float,
-                 result: RunResult):
+                 result: RunResult, params: np.ndarray):
         quota = steps_per_epoch(data.x_train.shape[0], cfg.batch_size)
         control = Controllers(cfg, quota, result)
         # steps run one at a time: one workspace, and every read is a copy
-        super().__init__(model, data, cfg, model.init(cfg.seed), control, one_workspace=True)
+        super().__init__(model, data, cfg, params, control, one_workspace=True)
         self.seed_streams(cfg.seed, 0)
         self.cfg, self.step_time, self.cores, self.quantum = cfg, step_time, cores, quantum
         self.result, self.quota, self.control = result, quota, control
@@ -255,10 +255,12 @@ class SimulatedRun:
     simulated time. Its runs are not checkpointed."""
 
     def __init__(self, model: Model, data: Dataset, cfg: TrainConfig,
-                 step_time: Callable[[np.random.Generator], float], cores: int, quantum: float):
+                 step_time: Callable[[np.random.Generator], float], cores: int, quantum: float,
+                 init: np.ndarray | None = None):
         self.model, self.data, self.cfg = model, data, cfg
         self.result = RunResult(status=Status.COMPLETED)
-        self.sim = _Sim(model, data, cfg, step_time, cores, quantum, self.result)
+        params = model.init(cfg.seed) if init is None else init.copy()
+        self.sim = _Sim(model, data, cfg, step_time, cores, quantum, self.result, params)
         self.result.params = self.sim.params
         self.epoch = 1
         self.epoch_start = 0.0  # simulated seconds
@@ -307,12 +309,14 @@ class SimulatedRun:
 
 def simulate(model: Model, data: Dataset, cfg: TrainConfig,
              step_time: Callable[[np.random.Generator], float], cores: int | None = None,
-             quantum: float = 0.004, hooks: Hooks | None = None) -> RunResult:
+             quantum: float = 0.004, hooks: Hooks | None = None,
+             init: np.ndarray | None = None) -> RunResult:
     """Train as cfg says, with the staleness that cfg.threads workers on
     `cores` cores (default: one each) would produce under `step_time`.
     Returns a RunResult whose wall times (and time budget) are simulated
     seconds. hooks: on_epoch_start and on_epoch_end are called (at simulated
-    epoch ends); progress and stop requests are not."""
+    epoch ends); progress and stop requests are not. init: (P,) the starting
+    parameters (default: the model's initialisation with cfg.seed)."""
     cfg.check()
     check_data(model, data, cfg)
     if cfg.eval_every:
@@ -323,5 +327,5 @@ def simulate(model: Model, data: Dataset, cfg: TrainConfig,
                          f"not {cfg.algo}")
     cores = cores or cfg.threads
     run = SimulatedRun(model, data, cfg, step_time, cores,
-                       quantum if cores < cfg.threads else math.inf)
+                       quantum if cores < cfg.threads else math.inf, init)
     return run_epochs(run, hooks or Hooks())

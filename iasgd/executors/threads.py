@@ -181,12 +181,13 @@ class ThreadedRun:
         "epoch": int, "epoch_time": float, "segment": int, "result": dict, "control": dict}
 
     def __init__(self, model: Model, data: Dataset, cfg: TrainConfig,
-                 resume: Snapshot | None = None):
+                 resume: Snapshot | None = None, init: np.ndarray | None = None):
         self.model, self.data, self.cfg = model, data, cfg
         self.quota = steps_per_epoch(data.x_train.shape[0], cfg.batch_size)
         self.result = RunResult(status=Status.COMPLETED)
         self.control = Controllers(cfg, self.quota, self.result)
-        self.team = Team(model, data, cfg, model.init(cfg.seed), self.control)
+        params = model.init(cfg.seed) if init is None else init.copy()
+        self.team = Team(model, data, cfg, params, self.control)
         self.epoch, self.epoch_time, self.segment = 1, 0.0, 0
         if resume is not None:
             self._restore(resume)
