@@ -654,6 +654,11 @@ def train_and_report(args: argparse.Namespace, model: models.Model, data: datase
         print(f"iasgd: error: --resume {args.resume}: {e}", file=sys.stderr)
         return EXIT_USAGE
     except RuntimeError as e:  # a worker or every node failed; the others have stopped
+        lost = getattr(e, "result", None)  # a cluster lost for good: its results so far
+        if lost is not None:
+            document = results.results_document(config, lost, model.num_params)
+            document["checkpoint"] = saved[-1] if saved else None
+            files.write_json_atomic(args.out, document)
         print(f"iasgd: error: {e}", file=sys.stderr)
         return getattr(e, "exit_code", EXIT_FAILED)  # a cluster never reached: 2
     document = results.results_document(config, result, model.num_params)

@@ -464,3 +464,21 @@ def test_a_resume_checks_the_options_it_merges_with_the_checkpoints(tmp_path, ca
     assert run.main(["--resume", ckpt, "--threads", "3", "--epochs", "2", "--quiet"]) == 0
     doc = json.loads((tmp_path / "iv.json").read_text())
     assert [e["epoch"] for e in doc["epochs"]] == [1, 2] and doc["config"]["threads"] == 3
+
+
+def test_a_cluster_lost_for_good_still_writes_its_results(tmp_path, capsys, monkeypatch):
+    """A ClusterError that carries the results so far (the server or every node
+    lost): one line, exit 1, and the results file written from them."""
+    from iasgd.executors.ray_cluster import ClusterError
+    from iasgd.results import RunResult
+
+    def lost(*args, **kwargs):
+        raise ClusterError("the parameter server was lost, so the run stopped",
+                           RunResult(status="server_lost"))
+
+    monkeypatch.setattr(run.engine, "train", lost)
+    out = tmp_path / "r.json"
+    assert run.main(["--dataset", "synthetic", "--quiet", "--out", str(out)]) == 1
+    assert capsys.readouterr().err.strip() == ("iasgd: error: the parameter server was lost, "
+                                               "so the run stopped")
+    assert json.loads(out.read_text())["status"] == "server_lost"

@@ -37,6 +37,16 @@ slots and the interval opens the next only after all y pushes are applied,
 so tau_node <= y - 1; the drop policy drops a push whose interval closed or
 filled. Carried updates were computed on the previous base (one exchange
 older); that is the price of overlapping communication with computing.
+
+A lost server. Every reply tells the node how many updates its parameters
+hold (`done`, and per node `contained`). When the server is lost, each node
+stops at its next exchange and says where it stands (a Standing: the version
+of its last pull, its tickets not yet pushed, its push in flight); the
+driver starts a new server from the freshest parameters (`freshest`) and
+`take_over` continues the run there. A node treats its push in flight as
+applied (it may be: then the freshest parameters hold it), so nothing is
+applied twice and at most that one push per node is lost (`lost_updates`);
+its tickets come back to the epoch.
 """
 
 from __future__ import annotations
@@ -100,6 +110,41 @@ class Reply:
     stop: bool  # the run is over: the node stops its threads
     applied: bool = True  # False: the drop policy dropped the push
     waited_s: float = 0.0  # the server waited this long for tickets, a slot or a round
+    done: int = 0  # updates `params` hold (of this run, resumes included)
+    contained: list[int] = field(default_factory=list)  # [n]: of those, node n's since the start
+
+
+class ServerLostError(RuntimeError):
+    """A node's link found the parameter server gone."""
+
+
+@dataclass
+class Standing:
+    """Where a node stands when the server is lost (or, with node -1, the
+    driver's copy of the server): what a new server continues from."""
+
+    node: int
+    version: int  # server version of its last pull; -1: it never pulled
+    done: int  # updates the parameters of that pull hold
+    contained: list[int]  # [n]: of those, node n's (Reply.contained)
+    held: int = 0  # tickets leased to it and not yet pushed
+    in_flight: int = 0  # updates of its push whose reply never came
+
+
+def freshest(standings: list[Standing]) -> Standing:
+    """The standing with the most recent parameters (the highest version;
+    on a tie the first, so put the driver's copy, which needs no fetch,
+    first)."""
+    return max(standings, key=lambda s: s.version)
+
+
+def lost_updates(standings: list[Standing], base: Standing) -> int:
+    """Updates the nodes pushed into a lost server that `base`'s parameters
+    do not hold: of each node's push in flight, what `base` does not
+    contain beyond the node's own last pull (0 or all of it)."""
+    # a node that never pulled has no push in flight (its first exchange is a pull)
+    return sum(max(s.in_flight - (base.contained[s.node] - s.contained[s.node]), 0)
+               for s in standings if s.in_flight)
 
 
 class ParameterServer:
@@ -121,7 +166,9 @@ class ParameterServer:
         self.slot = dict.fromkeys(self.live, -1)  # interval a node holds a slot of
         self.round_sum = np.zeros_like(self.params) if self.algo.loop == "sync" else None
         self.round_nodes: set[int] = set()
+        self.round_counts: dict[int, int] = {}  # sync: updates of the round's pushes, per node
         self.rounds = 0
+        self.node_done = [0] * cfg.nodes  # [n]: updates of node n's pushes in params
         self.node_hist = np.zeros(HIST_BINS, np.int64)  # tau_node of every applied push
         self.violations = 0
         self.pushes = self.dropped_pushes = self.dropped_updates = self.carried = 0
@@ -172,12 +219,28 @@ class ParameterServer:
                     "live": sorted(self.live), "y": int(s[G.Y]) if self.interval else None}
 
     def wait_progress(self, limit: int, timeout_s: float) -> dict:
-        """progress(), once `limit` updates are applied or the run stopped,
-        or after timeout_s: the driver learns at once that an allowance ended."""
+        """progress() and counters(), once `limit` updates are applied or the
+        run stopped, or after timeout_s: the driver learns at once that an
+        allowance ended, and keeps the figures a new server would need."""
         with self.cond:
             self.cond.wait_for(lambda: self.state[G.DONE] >= limit or self.state[G.STOP],
                                timeout_s)
-            return self.progress()
+            return {**self.progress(), "counters": self.counters()}
+
+    def counters(self) -> dict:
+        """The run-wide figures, JSON-able: what server_summary reports and
+        take_over continues from (histograms trimmed; busy_s and wall_s in
+        seconds; state: the gate's state array as a list)."""
+        with self.cond:
+            return {"pushes": self.pushes, "dropped_pushes": self.dropped_pushes,
+                    "dropped_updates": self.dropped_updates, "carried": self.carried,
+                    "computed": self.computed, "violations": self.violations,
+                    "rounds": self.rounds, "lost": list(self.lost), "busy_s": self.busy_s,
+                    "wall_s": time.perf_counter() - self.started,
+                    "state": self.state.tolist(), "node_hist": results.trimmed(self.node_hist),
+                    "epoch": {"computed": self.epoch["computed"],
+                              "loss_sum": self.epoch["loss_sum"],
+                              "hist": results.trimmed(self.epoch["hist"])}}
 
     def take_epoch(self) -> dict:
         """This epoch's computed count, loss sum and staleness inside the
@@ -221,14 +284,17 @@ class ParameterServer:
                 self.cond.notify_all()
 
     def snapshot(self) -> tuple[dict[str, np.ndarray], dict]:
-        """Arrays and JSON-able figures to continue from (a checkpoint)."""
+        """Arrays and JSON-able figures to continue from (a checkpoint, or
+        the driver's copy should the server be lost: `in_params` and
+        `node_done` say which updates the parameters hold)."""
         with self.cond:
             arrays = {"params": self.params.copy(), "server_state": self.state.copy(),
                       "node_hist": self.node_hist.copy()}
             meta = {"pushes": self.pushes, "dropped_pushes": self.dropped_pushes,
                     "dropped_updates": self.dropped_updates, "carried": self.carried,
                     "computed": self.computed, "violations": self.violations,
-                    "rounds": self.rounds, "lost": list(self.lost)}
+                    "rounds": self.rounds, "lost": list(self.lost),
+                    "in_params": self._in_params(), "node_done": list(self.node_done)}
             return arrays, meta
 
     def restore(self, arrays: dict[str, np.ndarray], meta: dict) -> None:
@@ -242,31 +308,44 @@ class ParameterServer:
             for slot in (G.VERSION, G.INTERVALS, G.Y_MAX, G.Y, G.Y_NEXT, G.DONE):
                 s[slot] = old[slot]
             s[G.TICKETS] = s[G.LIMIT] = old[G.DONE]
-            vars(self).update({k: v for k, v in meta.items() if k != "lost"})
+            for key in ("pushes", "dropped_pushes", "dropped_updates", "carried", "computed",
+                        "violations", "rounds"):
+                setattr(self, key, meta[key])
             self.lost = list(meta["lost"])
+            self.node_done = list(meta.get("node_done", self.node_done))
+
+    def take_over(self, base: Standing, held: dict[int, int], limit: int, counters: dict
+                  ) -> None:
+        """Continue the run of a server that was lost. self.params (given at
+        construction) are `base`'s: they hold base.done updates, at version
+        base.version. `held`: the live nodes and the tickets each holds, not
+        yet pushed; tickets are allowed up to `limit`; `counters`: the lost
+        server's last counters(). The tickets it handed out that are neither
+        in the parameters nor held (a push lost with it) are handed out
+        again. No slot is held: the next interval opens empty."""
+        with self.cond:
+            s, old = self.state, counters["state"]
+            for slot in (G.INTERVALS, G.Y_MAX, G.Y, G.Y_NEXT):
+                s[slot] = old[slot]
+            s[G.VERSION], s[G.DONE] = base.version, base.done
+            s[G.TICKETS] = base.done + sum(held.values())
+            s[G.LIMIT] = limit
+            self.live = set(held)
+            self.leased = {n: held.get(n, 0) for n in range(self.cfg.nodes)}
+            self.node_done = list(base.contained)
+            for key in ("pushes", "dropped_pushes", "dropped_updates", "carried", "computed",
+                        "violations", "rounds", "busy_s"):
+                setattr(self, key, counters[key])
+            self.lost = list(counters["lost"])
+            self.node_hist[:len(counters["node_hist"])] = counters["node_hist"]
+            epoch = counters["epoch"]
+            self.epoch["computed"], self.epoch["loss_sum"] = epoch["computed"], epoch["loss_sum"]
+            self.epoch["hist"][:len(epoch["hist"])] = epoch["hist"]
+            self.started = time.perf_counter() - counters["wall_s"]
 
     def summary(self) -> dict:
         """Run-wide figures of the cluster level."""
-        with self.cond:
-            wall = time.perf_counter() - self.started
-            applied = int(self.node_hist.sum())
-            return {
-                "pushes": self.pushes, "dropped_pushes": self.dropped_pushes,
-                "dropped_updates": self.dropped_updates, "carried": self.carried,
-                "computed": self.computed, "applied": int(self.state[G.DONE]),
-                "pushes_per_s": self.pushes / max(wall, 1e-9),
-                "busy_fraction": self.busy_s / max(wall, 1e-9),
-                "intervals": int(self.state[G.INTERVALS]), "sync_rounds": self.rounds,
-                "lost_nodes": list(self.lost),
-                "node_staleness": {
-                    "hist": results.trimmed(self.node_hist),
-                    "mean": float(np.dot(np.arange(HIST_BINS), self.node_hist) / applied)
-                    if applied else 0.0,
-                    "max": int(np.flatnonzero(self.node_hist)[-1]) if applied else 0,
-                    "bound": staleness_bound(self.cfg.algo, self.state),
-                    "violations": self.violations,
-                },
-            }
+        return server_summary(self.counters(), self.cfg)
 
     # ------------------------------------------------------------ the nodes
 
@@ -304,7 +383,12 @@ class ParameterServer:
 
     def _reply(self, gen: int, granted: int, stop: bool, applied: bool = True) -> Reply:
         return Reply(self.params.copy(), int(G.read_version(self.state)), gen, granted, stop,
-                     applied)
+                     applied, done=self._in_params(), contained=list(self.node_done))
+
+    def _in_params(self) -> int:
+        """Updates the parameters hold: DONE less a sync round's pushes not
+        applied yet (DONE counts them at the push)."""
+        return int(self.state[G.DONE]) - sum(self.round_counts.values())
 
     def _account(self, push: Push) -> None:
         self.computed += push.computed
@@ -336,12 +420,14 @@ class ParameterServer:
         if self.algo.loop == "sync":
             K.add_scaled(self.round_sum, push.delta, 1.0)
             self.round_nodes.add(push.node)
+            self.round_counts[push.node] = self.round_counts.get(push.node, 0) + push.count
             self.node_hist[0] += 1
             self._settle(push.count)
             self._maybe_finish_round()
             return True
         tau = G.begin_apply(s) - push.v_base
         K.add_scaled(self.params, push.delta, 1.0)
+        self.node_done[push.node] += push.count
         if self.interval:
             if G.crossed(s, gen) or tau > int(s[G.Y]) - 1:
                 self.violations += 1
@@ -365,6 +451,9 @@ class ParameterServer:
         K.add_scaled(self.params, self.round_sum, 1.0 / len(self.round_nodes))
         self.round_sum[:] = 0
         self.round_nodes = set()
+        for node, count in self.round_counts.items():
+            self.node_done[node] += count
+        self.round_counts = {}
         G.begin_apply(self.state)
         self.rounds += 1
         self.cond.notify_all()
@@ -407,12 +496,41 @@ class ParameterServer:
         return -1
 
 
+def server_summary(counters: dict, cfg: TrainConfig) -> dict:
+    """Run-wide figures of the cluster level, from a server's counters()
+    (the driver makes them from its last copy when the server is lost)."""
+    hist = np.asarray(counters["node_hist"], np.int64)
+    applied = int(hist.sum())
+    wall = max(counters["wall_s"], 1e-9)
+    state = np.asarray(counters["state"], np.int64)
+    return {
+        "pushes": counters["pushes"], "dropped_pushes": counters["dropped_pushes"],
+        "dropped_updates": counters["dropped_updates"], "carried": counters["carried"],
+        "computed": counters["computed"], "applied": int(state[G.DONE]),
+        "pushes_per_s": counters["pushes"] / wall, "busy_fraction": counters["busy_s"] / wall,
+        "intervals": int(state[G.INTERVALS]), "sync_rounds": counters["rounds"],
+        "lost_nodes": list(counters["lost"]),
+        "node_staleness": {
+            "hist": hist.tolist(),
+            "mean": float(np.dot(np.arange(hist.size), hist) / applied) if applied else 0.0,
+            "max": hist.size - 1 if applied else 0,
+            "bound": staleness_bound(cfg.algo, state),
+            "violations": counters["violations"],
+        },
+    }
+
+
 # ----------------------------------------------------------------- a node
 
 Link = Callable[[Push, int], Callable[[float], Reply | None]]
 """How a node reaches the server: link(push, want) sends an exchange and
 returns `poll`; poll(timeout_s) gives the Reply, or None while it is not
-there yet."""
+there yet, or raises ServerLostError."""
+
+Rejoin = Callable[[Standing], bool]
+"""How a node waits for a new server: rejoin(standing) tells the driver
+where the node stands and returns once the link reaches a new server
+(True) or the run is over (False)."""
 
 
 class Node:
@@ -433,8 +551,12 @@ class Node:
         self.param_bytes = self.team.params.nbytes
         self.stats = {"node": node, "host": socket.gethostname(), "threads": cfg.threads,
                       "pushes": 0, "dropped_pushes": 0, "carried": 0, "stalled_s": 0.0,
-                      "exchange_s": 0.0, "server_wait_s": 0.0, "bytes": 0, "rtt_ms": []}
-        self.v_base, self.gen, self.carried = 0, -1, 0  # of the last pull; carried into a push
+                      "exchange_s": 0.0, "server_wait_s": 0.0, "bytes": 0, "rtt_ms": [],
+                      "rejoins": 0, "rejoin_s": 0.0}
+        self.v_base, self.gen, self.carried = -1, -1, 0  # of the last pull; carried into a push
+        self.done_base, self.contained = 0, []  # what the last pull's parameters hold
+        self.limit = self.pushed = 0  # tickets leased, updates pushed (since the start)
+        self.rejoin: Rejoin | None = None
         self._t_start: float | None = None
         self._ticked = 0.0
 
@@ -451,32 +573,35 @@ class Node:
         """Stop the threads now (the loop then ends at its next look)."""
         G.request_stop(self.team.state)
 
-    def run(self, link: Link) -> dict:
-        """Train until the server says stop; returns this node's figures."""
+    def run(self, link: Link, rejoin: Rejoin | None = None) -> dict:
+        """Train until the server says stop; returns this node's figures.
+        rejoin: how to wait for a new server if the link finds it lost
+        (None: ServerLostError ends the run)."""
         team, cfg = self.team, self.cfg
+        self.rejoin = rejoin
         depth = 1 if ALGORITHMS[cfg.algo].loop == "sync" else 2
         self.warm_up()
         reply = self._exchange(link, Push(self.node, None, 0, 0, -1), depth * cfg.sync_every)
         np.copyto(team.params, reply.params)
         self._t_start = time.perf_counter()
         team.start(0)
-        pushed = computed = limit = 0
+        computed = 0
         try:
             while not reply.stop:
                 self._take(reply)
-                limit += reply.granted
-                G.allow(team.state, limit)
-                done = self._accumulate(pushed, limit)
+                self.limit += reply.granted
+                G.allow(team.state, self.limit)
+                done = self._accumulate(self.pushed, self.limit)
                 diverged = bool(team.state[G.DIVERGED])
                 if G.stopped(team.state) and not diverged:
                     break  # stopped from outside: the run is over
                 K.difference(team.params, self.base, self.delta)
                 hist, loss_sum = team.end_epoch_stats()
                 now_computed = team.total(W.COMPUTED)
-                push = Push(self.node, self.delta, done - pushed, self.v_base, self.gen,
+                push = Push(self.node, self.delta, done - self.pushed, self.v_base, self.gen,
                             now_computed - computed, loss_sum, results.trimmed(hist),
                             self.carried, diverged)  # diverged: the server stops the run
-                computed, pushed = now_computed, done
+                computed, self.pushed = now_computed, done
                 reply = self._exchange(link, push, cfg.sync_every)
                 K.rebase(team.params, self.base, self.delta, reply.params)
                 self.stats["pushes"] += 1
@@ -488,6 +613,7 @@ class Node:
     def _take(self, reply: Reply) -> None:
         np.copyto(self.base, reply.params)
         self.v_base, self.gen = reply.version, reply.gen
+        self.done_base, self.contained = reply.done, reply.contained
 
     def _accumulate(self, pushed: int, limit: int) -> int:
         """Let the threads apply updates until K more than `pushed` or the
@@ -509,7 +635,27 @@ class Node:
         done_at_send = int(team.state[G.DONE])
         poll = link(push, want)
         looked, stalled = sent, 0.0
-        while (reply := poll(POLL_S)) is None:
+        while True:
+            try:
+                reply = poll(POLL_S)
+            except ServerLostError:
+                if self.rejoin is None:
+                    raise
+                t0 = time.perf_counter()
+                if not self.rejoin(self._standing(push)):  # the run is over
+                    return Reply(self.base.copy(), self.v_base, -1, 0, stop=True)
+                # Pull from the new server. The push lost with the old one
+                # counts as applied: the new parameters hold it, or it is
+                # lost; sending it again could apply it twice.
+                self.stats["rejoins"] += 1
+                self.stats["bytes"] += self.param_bytes
+                sent = looked = time.perf_counter()
+                self.stats["rejoin_s"] += sent - t0
+                push = Push(self.node, None, 0, max(self.v_base, 0), -1)
+                poll = link(push, want)
+                continue
+            if reply is not None:
+                break
             now = time.perf_counter()
             if G.settled(team.state):  # the lease is used up: the threads wait for us
                 stalled += now - looked
@@ -526,6 +672,11 @@ class Node:
         self.carried = int(team.state[G.DONE]) - done_at_send
         self.stats["carried"] += self.carried
         return reply
+
+    def _standing(self, push: Push) -> Standing:
+        """Where this node stands, `push` lost with the server."""
+        return Standing(self.node, self.v_base, self.done_base, list(self.contained),
+                        held=self.limit - self.pushed, in_flight=push.count)
 
     def _steer(self) -> None:
         """Every MONITOR_SECONDS: the node's schedules steer its threads, as

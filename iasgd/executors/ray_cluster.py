@@ -2,7 +2,9 @@
 Ray actors, and the driver that runs epochs over them as the threads
 executor does on one machine (allowances, evaluation outside the training
 clock, time budget, stop requests, divergence, checkpoints), plus what a
-cluster adds: a node that dies is left out and the others go on.
+cluster adds: a node that dies is left out and the others go on, and a
+parameter server that dies is started again, on the driver's machine, from
+the freshest parameters a node or the driver holds (docs/cluster.md#faults).
 
 Ray is an optional extra (pip install -e '.[ray]'); it is imported only here.
 """
@@ -14,6 +16,7 @@ import dataclasses
 import os
 import socket
 import sys
+import threading
 import time
 
 import numpy as np
@@ -21,9 +24,19 @@ import numpy as np
 from iasgd.algorithms import ALGORITHMS
 from iasgd.config import TrainConfig, eval_points, steps_per_epoch
 from iasgd.data import Dataset
-from iasgd.executors.cluster import Node, ParameterServer, Push
+from iasgd.executors.cluster import (
+    Node,
+    ParameterServer,
+    Push,
+    ServerLostError,
+    Standing,
+    freshest,
+    lost_updates,
+    server_summary,
+)
 from iasgd.executors.epochs import TrainingClock, run_epochs
 from iasgd.nn.models import Model
+from iasgd.protocol import gate as G
 from iasgd.results import (
     HIST_BINS,
     Hooks,
@@ -40,12 +53,23 @@ from iasgd.results import (
 POLL_S = 0.05  # how often the driver looks at the run
 CONNECT_S = 5.0  # how long --address may take to answer
 NODE_RESULTS_S = 60.0  # how long the driver waits for the nodes' figures after a stop
+STANDING_S = 60.0  # how long the driver waits for a node to stop at a lost server
 
 
 class ClusterError(RuntimeError):
-    """The cluster cannot go on (one line: what and what to do)."""
+    """The cluster cannot go on (one line: what and what to do). `result`:
+    the results so far, where the run got that far."""
 
     exit_code = 1  # the command line's exit code: a failure
+
+    def __init__(self, message: str, result: RunResult | None = None):
+        super().__init__(message)
+        self.result = result
+
+
+class ServerGoneError(Exception):
+    """The parameter server was lost and could not be started again (the
+    driver saves its last copy of it)."""
 
 
 class UnreachableClusterError(ClusterError):
@@ -103,7 +127,9 @@ def check_reachable(address: str) -> None:
 
 
 class NodeActor:
-    """A node (iasgd.executors.cluster.Node) in its own Ray worker process."""
+    """A node (iasgd.executors.cluster.Node) in its own Ray worker process.
+    When its server is lost it waits, its standing published, until the
+    driver gives it a new one (`reconnect`) or stops it."""
 
     def __init__(self, node: int, model: Model, data: Dataset, cfg: TrainConfig, server):
         # the object store hands out read-only arrays: compiled code would be
@@ -112,27 +138,74 @@ class NodeActor:
                                    y_train=np.array(data.y_train))
         self.inner = Node(node, model, data, cfg)
         self.server = server
+        self.cond = threading.Condition()
+        self.waiting: Standing | None = None  # set while it waits for a new server
+        self.over = False  # its run ended, or the driver stopped it
 
     def run(self) -> dict:
         import ray
 
         def link(push: Push, want: int):
-            ref = self.server.exchange.remote(push, want)
+            server = self.server
+            ref = server.exchange.remote(push, want)
 
             def poll(timeout_s: float):
                 ready, _ = ray.wait([ref], timeout=timeout_s)
-                return ray.get(ref) if ready else None
+                if not ready:
+                    return None
+                try:
+                    return ray.get(ref)
+                except ray.exceptions.RayActorError as e:  # the server died, or seems to
+                    # have it killed: then the driver, whose next call fails,
+                    # starts the new server this node waits for
+                    with contextlib.suppress(Exception):
+                        ray.kill(server)
+                    raise ServerLostError(type(e).__name__) from None
             return poll
 
-        figures = self.inner.run(link)
+        try:
+            figures = self.inner.run(link, self._rejoin)
+        finally:
+            with self.cond:
+                self.over = True
+                self.cond.notify_all()
         figures["ray_node"] = ray.get_runtime_context().get_node_id()
         return figures
+
+    def _rejoin(self, standing: Standing) -> bool:
+        with self.cond:
+            lost = self.server
+            self.waiting = standing
+            self.cond.notify_all()
+            self.cond.wait_for(lambda: self.server is not lost or self.over)
+            self.waiting = None
+            return not self.over
+
+    def standing(self, timeout_s: float) -> Standing | None:
+        """Once this node waits for a new server: where it stands (None if
+        its run ended first, or after timeout_s)."""
+        with self.cond:
+            self.cond.wait_for(lambda: self.waiting is not None or self.over, timeout_s)
+            return self.waiting
+
+    def base(self) -> np.ndarray:
+        """The parameters of its last pull (Standing.version)."""
+        return self.inner.base.copy()
+
+    def reconnect(self, server) -> None:
+        """Exchange with `server` from now on (the last one was lost)."""
+        with self.cond:
+            self.server = server
+            self.cond.notify_all()
 
     def warm_up(self) -> None:
         self.inner.warm_up()
 
     def stop(self) -> None:
         self.inner.stop()
+        with self.cond:  # a node waiting for a new server stops waiting
+            self.over = True
+            self.cond.notify_all()
 
     def pid(self) -> int:
         return os.getpid()
@@ -140,26 +213,44 @@ class NodeActor:
 
 class RayRun:
     """A parallel algorithm on cfg.nodes Ray node actors of cfg.threads
-    threads each, and a parameter server actor (iasgd.executors.cluster). A snapshot
-    holds the server's parameters and counts; a resumed run starts its nodes
-    afresh from them (their momentum starts again from zero)."""
+    threads each, and a parameter server actor (iasgd.executors.cluster) on
+    the driver's machine. A snapshot holds the server's parameters and
+    counts; a resumed run starts its nodes afresh from them (their momentum
+    starts again from zero). A lost server is started again
+    (_restart_server); if it cannot be, the run saves the driver's last copy
+    of the server (taken at every epoch end and evaluation) and raises
+    ClusterError."""
 
     def __init__(self, model: Model, data: Dataset, cfg: TrainConfig,
-                 resume: Snapshot | None = None, address: str | None = None):
+                 resume: Snapshot | None = None, address: str | None = None,
+                 init: np.ndarray | None = None):
         self.ray = connect(address, cfg)
         self.model, self.data, self.cfg = model, data, cfg
         self.quota = steps_per_epoch(data.x_train.shape[0], cfg.batch_size)
         self.result = RunResult(status=Status.COMPLETED)
         self.run_hist = np.zeros(HIST_BINS, np.int64)
         self.epoch, self.epoch_time = 1, 0.0
-        params = model.init(cfg.seed)
         ray = self.ray
-        self.server = ray.remote(ParameterServer).options(
-            max_concurrency=cfg.nodes + 8, num_cpus=0).remote(params, cfg)
-        if resume is not None:
-            self._restore(resume)
+        self.started = time.perf_counter()
+        self.here = ray.get_runtime_context().get_node_id()  # the driver's Ray node
+        self.handles: list = []
+        self.running: dict = {}  # run() of each node still running -> the node
+        self.restarts: list[dict] = []  # one per server started again
+        self.gone: str | None = None  # why the server was lost for good
+        # the nodes start from the server's parameters at their first pull
+        self.server = self._new_server(model.init(cfg.seed) if init is None else init.copy())
+        try:
+            if resume is not None:
+                self._restore(resume)
+            # what a new server would start from, should this one be lost
+            self._keep_copy(*ray.get(self.server.snapshot.remote()), self.epoch, self.epoch_time)
+            self.known = ray.get(self.server.counters.remote())
+        except ray.exceptions.RayActorError as e:
+            ray.kill(self.server)
+            raise ClusterError(f"cannot start the parameter server ({one_line(e)})") from None
+        self.limit = int(self.known["state"][G.LIMIT])  # tickets allowed so far
         data_ref = ray.put(data)
-        node_actor = ray.remote(NodeActor).options(num_cpus=cfg.threads, max_concurrency=2,
+        node_actor = ray.remote(NodeActor).options(num_cpus=cfg.threads, max_concurrency=4,
                                                    scheduling_strategy="SPREAD")
         self.handles = [node_actor.remote(i, model, data_ref, cfg, self.server)
                         for i in range(cfg.nodes)]
@@ -167,6 +258,16 @@ class RayRun:
         ray.get([h.warm_up.remote() for h in self.handles])
         self.running = {h.run.remote(): i for i, h in enumerate(self.handles)}
         self.figures: dict[int, dict] = {}
+
+    def _new_server(self, params: np.ndarray):
+        """A parameter server actor on the driver's machine: wherever Ray
+        would put it, it could die with a machine the run can lose."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        here = NodeAffinitySchedulingStrategy(self.here, soft=False)
+        return self.ray.remote(ParameterServer).options(
+            max_concurrency=self.cfg.nodes + 8, num_cpus=0, scheduling_strategy=here,
+        ).remote(params, self.cfg)
 
     def _restore(self, snap: Snapshot) -> None:
         meta, arrays = snap.meta, snap.arrays
@@ -178,11 +279,27 @@ class RayRun:
         vars(self.result).update(vars(restored))
         self.result.status = Status.COMPLETED
 
+    def _keep_copy(self, arrays: dict[str, np.ndarray], meta: dict, epoch: int,
+                   epoch_time: float) -> np.ndarray:
+        """Keep a server snapshot as the driver's copy: a resume of it starts
+        epoch `epoch`, `epoch_time` seconds into it. Returns its parameters."""
+        self.copy = {"arrays": arrays, "meta": meta, "epoch": epoch, "epoch_time": epoch_time}
+        return arrays["params"]
+
+    def _copy_server(self, epoch: int, epoch_time: float) -> np.ndarray:
+        """The server's parameters (to evaluate), kept as the driver's copy."""
+        return self._keep_copy(*self._call("snapshot"), epoch, epoch_time)
+
     def snapshot(self) -> Snapshot:
-        arrays, server_meta = self.ray.get(self.server.snapshot.remote())
+        if self.gone is None:
+            arrays, server_meta = self._call("snapshot")
+            epoch, epoch_time = self.epoch, self.epoch_time
+        else:  # the server is lost: the driver's copy
+            arrays, server_meta = dict(self.copy["arrays"]), self.copy["meta"]
+            epoch, epoch_time = self.copy["epoch"], self.copy["epoch_time"]
         arrays["run_hist"] = self.run_hist.copy()
         self.result.params = arrays["params"]
-        meta = {"epoch": self.epoch, "epoch_time": self.epoch_time, "backend": "ray",
+        meta = {"epoch": epoch, "epoch_time": epoch_time, "backend": "ray",
                 "server": server_meta, "result": result_meta(self.result)}
         return Snapshot(arrays, meta)
 
@@ -190,37 +307,49 @@ class RayRun:
 
     def run(self, hooks: Hooks, checkpoint_every: int = 0) -> RunResult:
         try:
-            result = run_epochs(self, hooks, checkpoint_every)
+            with contextlib.suppress(ServerGoneError):  # self.gone says why; saved below
+                run_epochs(self, hooks, checkpoint_every)
         finally:
             self._shutdown()
-        if result.status == "nodes_lost":  # its checkpoint is written
+        r = self.result
+        if self.gone is not None:
+            r.status = "server_lost"
+            hooks.on_checkpoint(self.snapshot())
+            copy = self.copy
+            raise ClusterError(
+                f"the parameter server was lost ({self.gone}), so the run stopped; its "
+                f"checkpoint is saved from the driver's copy of the server (epoch "
+                f"{copy['epoch']}, {copy['meta']['in_params']} updates; --resume it)", r)
+        if r.status == "nodes_lost":  # its checkpoint is written
             raise ClusterError("every node was lost, so the run stopped; its checkpoint is "
-                               "saved (--resume it on a working cluster)")
-        return result
+                               "saved (--resume it on a working cluster)", r)
+        return r
 
     def epoch_samples(self) -> int:
         return self.quota * self.cfg.batch_size
 
     def train_epoch(self, hooks: Hooks) -> int:
-        cfg, r, ray = self.cfg, self.result, self.ray
+        cfg, r = self.cfg, self.result
         start = (self.epoch - 1) * self.quota
         end = self.epoch * self.quota
         clock = TrainingClock(self.epoch_time)
         reason = None
         done = start
         for limit in eval_points(start, end, cfg.eval_every):
-            ray.get(self.server.allow.remote(limit))
+            self.limit = limit  # a new server allows as much
+            self._call("allow", limit)
             done, reason = self._wait_for(limit, start, clock, hooks)
             if reason or done < limit:
                 break
             if limit < end:  # an eval_every boundary, outside the training clock
                 t = time.perf_counter()
-                record_eval(r, self.model, self.data, self._params(),
+                record_eval(r, self.model, self.data, self._copy_server(self.epoch,
+                                                                        clock.elapsed()),
                             seconds=r.train_time_s + clock.elapsed(), applied=done)
                 clock.exclude(time.perf_counter() - t)
         self.epoch_time = clock.elapsed()
         if reason is not None:
-            ray.get(self.server.stop.remote())
+            self._call("stop")
             r.status = reason
         if r.status == Status.DIVERGED:
             r.diverged_at = {"epoch": self.epoch, "step": done - start + 1}
@@ -231,10 +360,11 @@ class RayRun:
         """Watch the run until `limit` updates are applied at the server or
         it must stop. Returns the updates applied and why it stops (a
         Status, "nodes_lost", or None)."""
-        cfg, r, ray = self.cfg, self.result, self.ray
+        cfg, r = self.cfg, self.result
         last_done, last_t = start, time.perf_counter()
         while True:
-            progress = ray.get(self.server.wait_progress.remote(limit, POLL_S))
+            progress = self._call("wait_progress", limit, POLL_S)
+            self.known = progress["counters"]
             done = progress["done"]
             if progress["diverged"]:
                 return done, Status.DIVERGED
@@ -248,9 +378,10 @@ class RayRun:
             now = time.perf_counter()
             if cfg.over_budget(r.train_time_s + clock.elapsed()):
                 return done, Status.TIME_BUDGET
+            # (after a server restart `done` may have gone back by the updates lost)
+            rate = max(done - last_done, 0) / max(now - last_t, 1e-9)
             hooks.on_progress((done - start) * cfg.batch_size,
-                              Live(updates_per_s=(done - last_done) / max(now - last_t, 1e-9),
-                                   y=progress["y"]))
+                              Live(updates_per_s=rate, y=progress["y"]))
             last_done, last_t = done, now
 
     def _watch_nodes(self) -> bool:
@@ -264,29 +395,137 @@ class RayRun:
                 self.figures[node] = ray.get(ref)
                 # ended before the run (it diverged and told the server): what
                 # it still held must not keep the others waiting
-                ray.get(self.server.node_lost.remote(node, None))
-            except Exception as e:  # the actor died (RayActorError) or failed
-                why = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''}"
-                left = ray.get(self.server.node_lost.remote(node, why))
-                print(f"iasgd: node {node} lost ({type(e).__name__}); {left} "
-                      f"node{'s' if left != 1 else ''} go on", file=sys.stderr, flush=True)
+                self._call("node_lost", node, None)
+            except ray.exceptions.RayError as e:  # the actor died (RayActorError) or failed
+                self._lost_node(node, e)
         return bool(self.running)
 
-    def _params(self) -> np.ndarray:
-        return self.ray.get(self.server.get_params.remote())
+    def _lost_node(self, node: int, error: Exception) -> None:
+        why = f"{type(error).__name__}: {one_line(error)}"
+        left = self._call("node_lost", node, why)
+        print(f"iasgd: node {node} lost ({type(error).__name__}); {left} "
+              f"node{'s' if left != 1 else ''} go on", file=sys.stderr, flush=True)
+
+    # ------------------------------------------------------- a lost server
+
+    def _call(self, method: str, *args):
+        """ray.get of the server's `method`(*args). A lost server is started
+        again (once per call); ServerGoneError if it cannot be, or the new one is
+        lost as well."""
+        for attempt in range(2):
+            if self.gone is not None:
+                raise ServerGoneError(self.gone)
+            try:
+                return self.ray.get(getattr(self.server, method).remote(*args))
+            except self.ray.exceptions.RayActorError as e:
+                if attempt:
+                    self._give_up(f"{type(e).__name__}, again after a restart")
+                self._restart_server(e)
+        raise AssertionError("unreachable")
+
+    def _give_up(self, why: str) -> None:
+        self.gone = why
+        with contextlib.suppress(Exception):
+            self.ray.kill(self.server)
+        self.server = None
+        raise ServerGoneError(why)
+
+    def _restart_server(self, error: Exception) -> None:
+        """The server is lost (`error`): start another on the driver's
+        machine from the freshest parameters a node (the last it pulled) or
+        the driver's copy holds, with the driver's last counters, and
+        reconnect the nodes to it (docs/cluster.md#faults). ServerGoneError if no
+        node is left or the new server cannot be started."""
+        ray = self.ray
+        why = type(error).__name__
+        with contextlib.suppress(Exception):  # it may only seem lost: it must take no push
+            ray.kill(self.server)
+        standings, ended, silent = self._ask_nodes()
+        if not standings:
+            self._give_up(f"{why}; no node was left to start another from")
+        copy = Standing(-1, int(self.copy["arrays"]["server_state"][G.VERSION]),
+                        self.copy["meta"]["in_params"], self.copy["meta"]["node_done"])
+        base = freshest([copy, *standings.values()])
+        # live at the new server: every node still running (those that ended
+        # or died are then left out as usual), holding what they say they hold
+        held = {**dict.fromkeys(ended + silent, 0),
+                **{node: s.held for node, s in standings.items()}}
+        server = None
+        try:
+            params = (self.copy["arrays"]["params"] if base is copy
+                      else ray.get(self.handles[base.node].base.remote()))
+            server = self._new_server(params)
+            ray.get(server.take_over.remote(base, held, self.limit, self.known))
+        except Exception as e:  # whatever it was, the run cannot go on
+            if server is not None:
+                with contextlib.suppress(Exception):
+                    ray.kill(server)
+            self._give_up(f"{why}; another could not be started: {type(e).__name__}: "
+                          f"{one_line(e)}")
+        self.server = server
+        for node in standings:
+            self.handles[node].reconnect.remote(server)
+        lost = lost_updates(list(standings.values()), base)
+        source = "the driver's copy" if base.node < 0 else f"node {base.node}"
+        self.restarts.append({"why": f"{why}: {one_line(error)}",
+                              "at_s": time.perf_counter() - self.started, "from": source,
+                              "version": base.version, "updates": base.done,
+                              "lost_updates": lost})
+        print(f"iasgd: parameter server lost ({why}); started again on the driver's machine "
+              f"from {source} ({base.done} updates), {lost} update{'s' if lost != 1 else ''} "
+              "lost", file=sys.stderr, flush=True)
+        for node in silent:
+            self._lost_node(node, TimeoutError("no answer after the server was lost"))
+
+    def _ask_nodes(self) -> tuple[dict[int, Standing], list[int], list[int]]:
+        """Wait for every running node to stop at the lost server. Returns
+        their standings, the nodes that ended or died meanwhile (_watch_nodes
+        tells the new server), and those that did not answer in STANDING_S
+        (stopped here; lost)."""
+        ray = self.ray
+        asked = {node: self.handles[node].standing.remote(STANDING_S)
+                 for node in self.running.values()}
+        runs = {node: ref for ref, node in self.running.items()}
+        standings: dict[int, Standing] = {}
+        ended: list[int] = []
+        silent: list[int] = []
+        for node, ref in asked.items():
+            try:
+                standing = ray.get(ref)
+            except ray.exceptions.RayError:
+                ended.append(node)
+                continue
+            if standing is not None:
+                standings[node] = standing
+            elif ray.wait([runs[node]], timeout=0)[0]:
+                ended.append(node)
+            else:
+                silent.append(node)
+                self.handles[node].stop.remote()
+        return standings, ended, silent
+
+    # ------------------------------------------------------------- results
 
     def record_epoch(self, hooks: Hooks, applied: int) -> None:
         r, cfg = self.result, self.cfg
+        # the server first: should it be lost for good here, the results
+        # saved with the driver's copy must not count this epoch yet
+        taken = self._call("take_epoch")
+        # taken: a server started again must not count them again
+        self.known["epoch"] = {"computed": 0, "loss_sum": 0.0, "hist": []}
+        # a resume of the copy starts the next epoch (or, cut short, ends this one)
+        after = (self.epoch + 1, 0.0) if r.status == Status.COMPLETED else (
+            self.epoch, self.epoch_time)
+        params = self._copy_server(*after)
+        self.run_hist += taken["hist"]
         r.train_time_s += self.epoch_time
         r.samples += applied * cfg.batch_size
-        taken = self.ray.get(self.server.take_epoch.remote())
-        self.run_hist += taken["hist"]
-        record = record_epoch(r, self.model, self.data, self._params(), epoch=self.epoch,
+        record = record_epoch(r, self.model, self.data, params, epoch=self.epoch,
                               applied=applied, quota=self.quota, batch_size=cfg.batch_size,
                               seconds=self.epoch_time, loss_sum=taken["loss_sum"],
                               hist=taken["hist"], end_s=r.train_time_s)
         if cfg.eval_every:
-            record_eval(r, self.model, self.data, self._params(), seconds=r.train_time_s,
+            record_eval(r, self.model, self.data, params, seconds=r.train_time_s,
                         applied=(self.epoch - 1) * self.quota + applied,
                         accuracy=record.test_accuracy)
         hooks.on_epoch_end(record)
@@ -295,11 +534,14 @@ class RayRun:
         self.epoch, self.epoch_time = self.epoch + 1, 0.0
 
     def finish(self) -> None:
-        """Bring the run-wide figures up to date from the server (and the
-        nodes' figures once they have ended)."""
+        """Bring the run-wide figures up to date from the server (from the
+        driver's copy if it is lost) and the nodes' figures once they have
+        ended."""
         r = self.result
-        server = self.ray.get(self.server.summary.remote())
-        r.params = self._params()
+        try:
+            server, r.params = self._call("summary"), self._call("get_params")
+        except ServerGoneError:
+            server, r.params = server_summary(self.known, self.cfg), self.copy["arrays"]["params"]
         r.applied = server["applied"]
         r.computed = server["computed"]
         r.dropped = server["dropped_updates"] + sum(f["dropped"] for f in self.figures.values())
@@ -319,6 +561,11 @@ class RayRun:
             "server": server, "node_staleness": server.pop("node_staleness"),
             "bytes_per_sample": moved / max(r.samples, 1),
             "sync_every": self.cfg.sync_every,
+            "server_node": self.here,  # the driver's Ray node: where the server runs
+            "server_restarts": len(self.restarts),
+            "lost_updates": sum(x["lost_updates"] for x in self.restarts),
+            "restarts": list(self.restarts),
+            "server_lost": self.gone,  # why the run stopped without a server, or None
         }
 
     def _shutdown(self) -> None:
@@ -326,8 +573,9 @@ class RayRun:
         free the actors."""
         ray = self.ray
         gone = ray.exceptions.RayError  # the server or a node died: go on without it
-        with contextlib.suppress(gone):
-            ray.get(self.server.stop.remote())
+        if self.server is not None:
+            with contextlib.suppress(gone):
+                ray.get(self.server.stop.remote())
         for h in self.handles:
             h.stop.remote()
         if self.running:
@@ -340,4 +588,11 @@ class RayRun:
         with contextlib.suppress(gone):
             self.finish()
         for h in [*self.handles, self.server]:
-            ray.kill(h)
+            if h is not None:
+                ray.kill(h)
+
+
+def one_line(error: BaseException) -> str:
+    """The first line of an error's message (Ray's run to many)."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

@@ -1,7 +1,8 @@
 """The Ray executor (iasgd.executors.ray_cluster) on a two-node Ray cluster started on
 this machine (ray.cluster_utils.Cluster), shared by the tests of this module:
-every algorithm with both staleness bounds, lost nodes, and the command
-line's errors."""
+every algorithm with both staleness bounds, lost nodes, a lost parameter
+server (started again, or saved when it cannot be), and the command line's
+errors."""
 
 from __future__ import annotations
 
@@ -126,6 +127,73 @@ def test_losing_every_node_stops_with_a_checkpoint_and_a_clear_error(cluster, pr
     assert out[0].exit_code == 1
     assert saved and np.all(np.isfinite(saved[-1].arrays["params"]))
     assert saved[-1].meta["server"]["pushes"] > 0
+
+
+def ray_node_of(actor) -> str:
+    """The Ray node an actor runs on."""
+    return ray.get(actor.__ray_call__.remote(lambda _: ray.get_runtime_context().get_node_id()))
+
+
+@pytest.mark.parametrize("algo", ["interval", "sync"])
+def test_a_killed_server_is_started_again_and_the_run_goes_on(cluster, problem, algo, capsys):
+    model, data = problem
+    cfg = config(algo=algo, epochs=4)
+    rr, t, out = run_in_thread(model, data, cfg)
+    here = ray.get_runtime_context().get_node_id()
+    assert ray_node_of(rr.server) == here  # on the driver's node, never on another
+    wait_until_applied(rr, 40)
+    ray.kill(rr.server)  # mid-run
+    t.join(240)
+    r = out[0]
+    assert not isinstance(r, Exception), r
+    assert r.status == "completed" and [e.epoch for e in r.epochs] == [1, 2, 3, 4]
+    assert r.applied == 4 * N_TRAIN // BATCH  # the lost updates' tickets came back
+    c = r.cluster
+    assert c["server_restarts"] == 1 and c["server_node"] == here
+    # at most one push in flight per node, of at most 2K updates (K with sync)
+    assert 0 <= c["lost_updates"] <= 2 * cfg.sync_every * cfg.nodes
+    assert c["restarts"][0]["lost_updates"] == c["lost_updates"]
+    assert [(n["node"], n["rejoins"]) for n in c["nodes"]] == [(0, 1), (1, 1)]
+    assert r.bound_violations == 0 and c["node_staleness"]["violations"] == 0
+    if algo == "interval":
+        assert c["node_staleness"]["max"] <= 1
+    else:
+        assert c["node_staleness"]["max"] == 0
+    err = capsys.readouterr().err
+    assert err.count("iasgd: parameter server lost") == 1 and "node 0 lost" not in err
+
+
+def test_a_server_that_cannot_be_started_again_leaves_a_checkpoint_and_results(
+        cluster, problem):
+    model, data = problem
+    saved = []
+    hooks = engine.Hooks(on_checkpoint=saved.append)
+    rr, t, out = run_in_thread(model, data, config(algo="hogwild", epochs=50), hooks)
+    wait_until_applied(rr, 150)  # epoch 1 is recorded
+
+    def no_room(params):
+        raise RuntimeError("no room for it")
+
+    rr._new_server = no_room
+    ray.kill(rr.server)
+    t.join(180)
+    error = out[0]
+    assert isinstance(error, R.ClusterError) and error.exit_code == 1
+    message = str(error)
+    assert "parameter server was lost" in message and "no room for it" in message
+    assert "checkpoint is saved" in message and "\n" not in message
+    r = error.result
+    assert r.status == "server_lost" and len(r.epochs) >= 1
+    assert "no room" in r.cluster["server_lost"]
+    snap = saved[-1]
+    assert snap.meta["result"]["status"] == "server_lost"
+    assert snap.meta["epoch"] == len(r.epochs) + 1  # the copy of the last epoch's end
+    np.testing.assert_array_equal(r.params, snap.arrays["params"])
+    # the checkpoint continues the run: the next epoch, every update of it
+    epochs = snap.meta["epoch"]
+    again = engine.train(model, data, config(algo="hogwild", epochs=epochs), resume=snap)
+    assert [e.epoch for e in again.epochs] == list(range(1, epochs + 1))
+    assert again.applied == epochs * N_TRAIN // BATCH
 
 
 def test_a_diverging_node_stops_the_run_as_diverged(cluster, problem):
