@@ -698,9 +698,15 @@ def report(display: Display, document: dict, out: str) -> None:
     display.say(f"{document['status']}: {len(document['epochs'])} epochs in "
                 f"{document['train_time_s']:.1f}s training ({document['samples_per_s']:,.0f} "
                 f"samples/s), final test accuracy {acc_text}")
-    display.say(f"staleness mean {st['mean']:.2f} max {st['max']} ({bound}); "
-                f"{document['applied']:,} of {document['computed']:,} gradients applied "
-                f"({100 * document['acceptance_rate']:.1f}%); results in {out}")
+    levels = f"staleness mean {st['mean']:.2f} max {st['max']} ({bound})"
+    between = (document.get("cluster") or {}).get("node_staleness")
+    if between:  # a cluster run: within its nodes, then between them
+        node_bound = ("unbounded" if between["bound"] is None
+                      else f"bound {between['bound']}")
+        levels = (f"{levels.replace('staleness', 'staleness within nodes')}, between nodes "
+                  f"mean {between['mean']:.2f} max {between['max']} ({node_bound})")
+    display.say(f"{levels}; {document['applied']:,} of {document['computed']:,} gradients "
+                f"applied ({100 * document['acceptance_rate']:.1f}%); results in {out}")
 
 
 if __name__ == "__main__":

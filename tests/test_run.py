@@ -482,3 +482,15 @@ def test_a_cluster_lost_for_good_still_writes_its_results(tmp_path, capsys, monk
     assert capsys.readouterr().err.strip() == ("iasgd: error: the parameter server was lost, "
                                                "so the run stopped")
     assert json.loads(out.read_text())["status"] == "server_lost"
+
+
+def test_a_cluster_runs_summary_shows_both_staleness_levels(capsys):
+    document = {"final_test_accuracy": 0.5, "status": "completed", "epochs": [{}],
+                "train_time_s": 2.0, "samples_per_s": 100.0, "applied": 40, "computed": 40,
+                "acceptance_rate": 1.0,
+                "staleness": {"mean": 0.5, "max": 3, "bound": 3},
+                "cluster": {"node_staleness": {"mean": 1.25, "max": 1, "bound": 1}}}
+    run.report(run.Display(quiet=False, epochs=1), document, "r.json")
+    summary = capsys.readouterr().out.splitlines()[-1]
+    assert summary.startswith("staleness within nodes mean 0.50 max 3 (bound 3), between "
+                              "nodes mean 1.25 max 1 (bound 1); 40 of 40")

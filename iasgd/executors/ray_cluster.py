@@ -403,8 +403,9 @@ class RayRun:
     def _lost_node(self, node: int, error: Exception) -> None:
         why = f"{type(error).__name__}: {one_line(error)}"
         left = self._call("node_lost", node, why)
-        print(f"iasgd: node {node} lost ({type(error).__name__}); {left} "
-              f"node{'s' if left != 1 else ''} go on", file=sys.stderr, flush=True)
+        going_on = "1 node goes on" if left == 1 else f"{left} nodes go on"
+        print(f"iasgd: node {node} lost ({type(error).__name__}); {going_on}", file=sys.stderr,
+              flush=True)
 
     # ------------------------------------------------------- a lost server
 
