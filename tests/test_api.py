@@ -1,5 +1,6 @@
 """The package API: what `from iasgd import ...` gives, and the Python
-examples of the front page and the package docstring, run as written."""
+examples of the front page, docs/models.md and the package docstring, run
+as written."""
 
 from __future__ import annotations
 
@@ -26,8 +27,10 @@ def python_blocks(text: str) -> list[str]:
 
 
 def examples() -> list[tuple[str, str]]:
-    found = [(f"README.md[{i}]", block)
-             for i, block in enumerate(python_blocks((REPO / "README.md").read_text()))]
+    found = [(f"{name}[{i}]", block)
+             for name in ("README.md", "docs/models.md")
+             for i, block in enumerate(python_blocks((REPO / name).read_text()))
+             if "model.pt" not in block]  # the export's example: tests/test_export.py
     doc = iasgd.__doc__ or ""
     start = doc.index("    from iasgd import")
     end = doc.index("\n\n", doc.index("print("))
