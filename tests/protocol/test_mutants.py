@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 def test_every_planted_bug_is_caught():
-    out = subprocess.run([sys.executable, str(ROOT / "tests" / "mutants.py")], cwd=ROOT,
+    script = ROOT / "tests" / "protocol" / "mutants.py"
+    out = subprocess.run([sys.executable, str(script)], cwd=ROOT,
                          capture_output=True, text=True, timeout=1200)
     print(out.stdout)
     assert out.returncode == 0, out.stdout + out.stderr
