@@ -1,14 +1,10 @@
-"""The asynchrony simulator against real threads on this machine, and its own
-invariants.
+"""The asynchrony simulator: its staleness on fixed schedules worked out by
+hand, against real threads on this machine, and its own invariants.
 
-Validation (this machine has few cores, so the simulator is given the same
-number of cores, and real 8-thread runs are oversubscribed like the simulated
-ones): for n = 2 and n = 8, hogwild and interval-wait, the simulated mean
-staleness lies within 30 % + 0.3 of the real one, and the epoch's mean
-training loss within 50 %. Measured when these were set: mean tau real/sim
-0.96/1.00 (hogwild, 2), 6.59/6.85 (hogwild, 8), 0.83/0.77 (interval y=4 wait,
-8), 0.95/0.97 (interval, decay from y0=8, 8); epoch-1 loss 0.28/0.31,
-0.37/0.42, 0.28/0.34, 0.29/0.33.
+Against real threads, only what holds however busy the machine is: the
+books, the staleness bound and learning. How the real staleness compares
+(it falls when other jobs take the cores) is measured by
+bench/sim_vs_threads.py and reported in docs/performance.md.
 """
 
 from __future__ import annotations
@@ -44,16 +40,79 @@ def mean_tau(hist) -> float:
     ("interval", 8, {"interval_schedule": "decay", "y0": 8, "y_min": 2, "decay_every": 100,
                      "decay_by": 2}),
 ])
-def test_simulated_staleness_and_loss_agree_with_real_threads(problem, algo, threads, extra):
+def test_simulated_and_real_threads_keep_the_same_books_and_bounds(problem, algo, threads,
+                                                                    extra):
+    """The same run on real threads and in the simulator (given this
+    machine's cores), in what holds whatever the load: every update of the
+    epoch applied and counted once, the same staleness bound kept by both,
+    and both learn. How close their staleness is depends on how busy the
+    machine is: bench/sim_vs_threads.py measures it."""
     model, data, step_times = problem
     cfg = engine.TrainConfig(algo=algo, threads=threads, epochs=1, lr=0.02, **extra)
     real = engine.train(model, data, cfg)
     simulated = sim.simulate(model, data, cfg, sim.measured_steps(step_times),
                              cores=min(threads, os.cpu_count() or 1))
-    real_tau, sim_tau = mean_tau(real.staleness_hist), mean_tau(simulated.staleness_hist)
-    assert abs(sim_tau - real_tau) <= 0.3 * real_tau + 0.3, (real_tau, sim_tau)
-    real_loss, sim_loss = real.epochs[0].train_loss, simulated.epochs[0].train_loss
-    assert abs(sim_loss - real_loss) <= 0.5 * real_loss, (real_loss, sim_loss)
+    quota = engine.steps_per_epoch(data.x_train.shape[0], cfg.batch_size)
+    for r in (real, simulated):
+        assert r.status == "completed" and r.epochs[0].complete
+        assert r.applied == r.computed == quota == r.staleness_hist.sum()
+        assert r.staleness_bound == simulated.staleness_bound and r.bound_violations == 0
+        if algo == "interval":
+            # the k-th update of an interval was read in it: tau <= k - 1
+            y = r.staleness_bound + 1
+            assert r.staleness_max <= y - 1
+            assert mean_tau(r.staleness_hist) <= (y - 1) / 2
+            if "interval" in extra:
+                assert taus_within_their_interval(r.staleness_hist, y, r.applied)
+        # the untrained loss is ln 10 = 2.3; both end the epoch far below it
+        assert r.epochs[0].train_loss < 1.0, (r is real, r.epochs[0].train_loss)
+
+
+def taus_within_their_interval(hist, y: int, applied: int) -> bool:
+    """For a fixed y: no more updates have tau >= t than intervals have
+    positions k > t (the k-th update of an interval has tau <= k - 1)."""
+    full, rest = divmod(applied, y)
+    tail = np.cumsum(np.asarray(hist)[::-1])[::-1]  # tail[t]: updates with tau >= t
+    return all(tail[t] <= full * (y - t) + max(rest - t, 0) for t in range(min(y, tail.size)))
+
+
+Q = 0.004  # the simulator's default time slice, s
+
+
+@pytest.mark.parametrize(("algo", "extra", "cores", "step_s", "hist"), [
+    # 8 workers on 2 cores, each step exactly one slice: a step never waits
+    # for a core once begun, so between a read and its apply only the other
+    # core's apply lands: tau 1, but for the very first update
+    ("hogwild", {}, 2, Q, [1, 499]),
+    # the same with steps of two slices: each step is cut in the middle, and
+    # all 8 read before any of the next wave applies. Waves of 8 in order
+    # w0..w7 (2 at a time); a worker reads when it next gets a core, and w0
+    # gets one as w6 applies, just before w7: taus 0..7 in the first wave,
+    # then 1, 1, 2, ..., 7 in 61 waves, and 1, 1, 2, 3 in the last 4
+    ("hogwild", {}, 2, 2 * Q, [1, 125, 63, 63, 62, 62, 62, 62]),
+    # a core each: all 8 read at 0 and apply in turn (taus 0..7), and each
+    # reads again right after its apply, so from then on the 7 others land
+    # between its read and its apply
+    ("hogwild", {}, None, Q, [1, 1, 1, 1, 1, 1, 1, 493]),
+    # interval y=4, wait, on 2 cores, one-slice steps: the first two slots
+    # read together (taus 0, 1); each later slot is taken as an apply frees
+    # a core, and the other core's apply lands in it: 0, 1, 1, 1 per interval
+    ("interval", {"interval": 4}, 2, Q, [125, 375]),
+    # interval y=4, wait, a core each: 4 slots read together, apply in turn
+    # (0, 1, 2, 3), 4 workers wait, and the interval's last apply lets the
+    # next 4 in: the bound (y - 1) / 2 on the mean is reached
+    ("interval", {"interval": 4}, None, Q, [125, 125, 125, 125]),
+], ids=["hogwild-2-cores-1-slice-steps", "hogwild-2-cores-2-slice-steps", "hogwild-own-cores",
+        "interval-2-cores", "interval-own-cores"])
+def test_simulated_staleness_on_fixed_schedules(tiny, algo, extra, cores, step_s, hist):
+    """The simulator's time model against staleness worked out by hand: 8
+    workers with equal step times (so the schedule is fixed), one epoch of
+    500 updates; time slicing, the cores and the wait gate each decide it."""
+    model, data = tiny
+    cfg = engine.TrainConfig(algo=algo, threads=8, epochs=1, batch_size=4, **extra)
+    r = sim.simulate(model, data, cfg, constant_steps(step_s), cores=cores, quantum=Q)
+    assert r.staleness_hist[:len(hist)].tolist() == hist
+    assert r.staleness_hist.sum() == r.applied == sum(hist) == 500
 
 
 @pytest.fixture(scope="module")
