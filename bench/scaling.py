@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import sys
@@ -271,21 +270,8 @@ def score(run: dict, targets: list[float]) -> None:
 def time_to_target(curve: list[list[float]], target: float) -> float | None:
     """Training seconds until the test accuracy first reaches `target`.
     curve: [seconds, accuracy] at each evaluation (epoch ends, or every
-    --eval-every updates). The crossing is interpolated linearly between the
-    two evaluations around it; it is the first evaluation itself when that
-    one already reaches the target. None: never."""
-    before = None
-    for t, acc in curve:
-        if acc is None or not math.isfinite(acc):  # a diverged run
-            before = None
-            continue
-        if acc >= target:
-            if before is None:
-                return t
-            t0, acc0 = before
-            return t0 + (target - acc0) / (acc - acc0) * (t - t0)
-        before = (t, acc)
-    return None
+    --eval-every updates); scored by iasgd.results.time_to_target."""
+    return results.time_to_target([t for t, _ in curve], [a for _, a in curve], target)
 
 
 def summarise(runs: list[dict], targets: list[float]) -> dict:

@@ -45,6 +45,7 @@ import numpy as np
 
 from iasgd import files
 from iasgd.algorithms import ALGORITHMS, VARIANTS, sweep_variant
+from iasgd.results import time_to_target
 
 EXIT_USAGE = 2
 INSTALL_HINT = "pip install 'iasgd[plot]'"
@@ -419,26 +420,6 @@ def survival(hist: Sequence[int]) -> list[float]:
         tail += count
         shares.append(tail / total)
     return shares[::-1]
-
-
-def time_to_target(time_s: Sequence[float], accuracy: Sequence[float],
-                   target: float) -> float | None:
-    """Training seconds until the test accuracy (fraction) first reaches
-    `target` (fraction), interpolated linearly between the two evaluations
-    around the crossing, as bench/scaling.py scores it; the first evaluation
-    itself when that one already reaches it. None: never."""
-    before = None
-    for t, acc in zip(time_s, accuracy, strict=True):
-        if not math.isfinite(acc):  # a diverged run
-            before = None
-            continue
-        if acc >= target:
-            if before is None:
-                return t
-            t0, acc0 = before
-            return t0 + (target - acc0) / (acc - acc0) * (t - t0)
-        before = (t, acc)
-    return None
 
 
 @dataclass

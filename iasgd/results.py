@@ -4,10 +4,11 @@ every executor (threads, simulator) uses."""
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
@@ -269,3 +270,24 @@ def trimmed(hist: np.ndarray) -> list[int]:
     """A histogram as a list without its trailing zero bins."""
     nonzero = np.flatnonzero(hist)
     return hist[: nonzero[-1] + 1].tolist() if nonzero.size else []
+
+
+def time_to_target(time_s: Sequence[float], accuracy: Sequence[float | None],
+                   target: float) -> float | None:
+    """Training seconds until the test accuracy (fraction; None or NaN: not
+    evaluated or diverged) first reaches `target` (fraction), interpolated
+    linearly between the two evaluations around the crossing; the first
+    evaluation itself when that one already reaches it. None: never. The one
+    scoring of time to target: plots and bench/scaling.py use it."""
+    before = None
+    for t, acc in zip(time_s, accuracy, strict=True):
+        if acc is None or not math.isfinite(acc):  # not evaluated, or a diverged run
+            before = None
+            continue
+        if acc >= target:
+            if before is None:
+                return t
+            t0, acc0 = before
+            return t0 + (target - acc0) / (acc - acc0) * (t - t0)
+        before = (t, acc)
+    return None
