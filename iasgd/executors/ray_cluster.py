@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
+import re
 import socket
 import sys
+import tempfile
 import threading
 import time
 
@@ -86,6 +89,50 @@ def import_ray():
     return ray
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+class _OneLine(logging.Handler):
+    """Prints a log record on stderr (whatever sys.stderr is then) as one
+    plain line: its first line, colour codes removed."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = _ANSI.sub("", record.getMessage()).strip()
+        line = text.splitlines()[0] if text else record.levelname
+        print(f"iasgd: ray: {line}", file=sys.stderr, flush=True)
+
+
+def quiet_ray_logging() -> None:
+    """Keep Ray's own log messages out of iasgd's output: its warnings (the
+    token notice, multi-line advice with colour codes) are dropped, its
+    errors shown as one plain line. Ray's logs on disk are untouched."""
+    logger = logging.getLogger("ray")
+    if any(isinstance(h, _OneLine) for h in logger.handlers):
+        return
+    logger.addHandler(_OneLine(logging.ERROR))
+    logger.propagate = False  # nor Python's last-resort handler, which prints warnings
+
+
+@contextlib.contextmanager
+def _ray_notices_aside():
+    """What Ray's native code prints on stderr while it starts (its token
+    notice) goes to a file instead, and only a line that reports an error
+    reaches iasgd's output, as one plain line."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+") as aside:
+        os.dup2(aside.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            aside.seek(0)
+            errors = [line for line in aside.read().splitlines() if "error" in line.lower()]
+            if errors:
+                print(f"iasgd: ray: {_ANSI.sub('', errors[0]).strip()}", file=sys.stderr)
+
+
 def connect(address: str | None, cfg: TrainConfig):
     """Ray, connected: to the cluster at `address` ("auto": the one this
     machine belongs to), or to a new local one with room for every node's
@@ -95,15 +142,18 @@ def connect(address: str | None, cfg: TrainConfig):
     ray = import_ray()
     if ray.is_initialized():
         return ray
+    quiet_ray_logging()
     if address not in (None, "auto"):
         check_reachable(address)
     try:
-        if address is None:
-            ray.init(address="local",  # a new one, even where another is running
-                     num_cpus=max(os.cpu_count() or 1, cfg.nodes * cfg.threads),
-                     include_dashboard=False, configure_logging=False, log_to_driver=False)
-        else:
-            ray.init(address=address, configure_logging=False, log_to_driver=False)
+        with _ray_notices_aside():
+            if address is None:
+                ray.init(address="local",  # a new one, even where another is running
+                         num_cpus=max(os.cpu_count() or 1, cfg.nodes * cfg.threads),
+                         include_dashboard=False, configure_logging=False,
+                         log_to_driver=False)
+            else:
+                ray.init(address=address, configure_logging=False, log_to_driver=False)
     except (ConnectionError, RuntimeError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         where = "a local Ray" if address is None else f"the Ray cluster at {address}"

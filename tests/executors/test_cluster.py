@@ -398,3 +398,32 @@ def test_nodes_go_on_with_a_new_server_when_theirs_is_lost(algo):
     for f in figures:
         assert f["rejoins"] == 1 and f["staleness"]["violations"] == 0
     assert np.all(np.isfinite(server.get_params()))
+
+
+def test_rays_log_messages_stay_out_of_iasgds_output(capsys):
+    """Ray's warnings are dropped and its errors are one plain line (no colour
+    codes), whatever Ray's loggers are asked to print."""
+    import logging
+
+    from iasgd.executors.ray_cluster import quiet_ray_logging
+
+    quiet_ray_logging()
+    quiet_ray_logging()  # once is enough: no second handler
+    log = logging.getLogger("ray._private.somewhere")
+    log.warning("Token authentication is enabled for this Ray cluster.\nSee the docs.")
+    log.error("\x1b[33mA worker died\x1b[0m\nTraceback (most recent call last): ...")
+    err = capsys.readouterr().err
+    assert err == "iasgd: ray: A worker died\n", err
+
+
+def test_what_rays_native_code_prints_while_it_starts_is_set_aside(capfd):
+    import os
+
+    from iasgd.executors.ray_cluster import _ray_notices_aside
+
+    with _ray_notices_aside():
+        os.write(2, b"Token authentication is enabled for this Ray cluster.\n")
+    assert capfd.readouterr().err == ""
+    with _ray_notices_aside():
+        os.write(2, b"\x1b[31m[2026] Error: the GCS did not answer\x1b[0m\nmore\n")
+    assert capfd.readouterr().err == "iasgd: ray: [2026] Error: the GCS did not answer\n"
