@@ -36,9 +36,10 @@ EXIT_FAILED = 1
 EXIT_DIVERGED = 3
 EXIT_SIGINT = 130
 EXIT_SIGTERM = 143
-# Seconds numba takes to compile, with an empty cache, on a 2-core VM (2026-11):
-# the training step with every layer kernel, and a parallel worker loop on top.
-KERNELS_COMPILE_S = 45
+# Seconds numba takes to compile, with an empty cache, on an idle 2-core VM: the
+# training step with every layer kernel (25.3 s to the first step, 2026-11-30;
+# docs/performance.md), and a parallel worker loop on top.
+KERNELS_COMPILE_S = 25
 WORKER_LOOP_COMPILE_S = 10
 
 
