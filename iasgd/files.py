@@ -29,7 +29,6 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
-
 def _host() -> str:
     """This machine's name, as it appears in the names of temporary files."""
     return re.sub(r"[^A-Za-z0-9.-]", "-", socket.gethostname()) or "localhost"
@@ -84,7 +83,6 @@ def replacing(path: str | Path) -> Iterator[Path]:
         os.replace(tmp, path)
     finally:
         Path(tmp).unlink(missing_ok=True)
-
 
 
 def write_json_atomic(path: str | Path, document: dict[str, Any]) -> None:

@@ -196,11 +196,9 @@ def mean_step_loss(step_losses: np.ndarray, batch_size: int, samples: int) -> fl
     return float(np.dot(step_losses, weights) / samples)
 
 
-
 def accuracy(predictions: np.ndarray, labels: np.ndarray) -> float:
     """Fraction of predictions equal to labels, in [0, 1]."""
     return float(np.mean(predictions == labels)) if labels.size else float("nan")
-
 
 
 def machine_info() -> dict[str, Any]:
@@ -215,7 +213,6 @@ def machine_info() -> dict[str, Any]:
         "numpy": np.__version__,
         "numba": numba.__version__,
     }
-
 
 
 def results_document(config: dict[str, Any], result: Any, num_params: int) -> dict[str, Any]:
@@ -263,7 +260,6 @@ def results_document(config: dict[str, Any], result: Any, num_params: int) -> di
         "best_test_accuracy": max(accuracies) if accuracies else None,
         "machine": machine_info(),
     }
-
 
 
 def trimmed(hist: np.ndarray) -> list[int]:
