@@ -53,6 +53,12 @@ from iasgd.results import (
     result_meta,
 )
 
+# Ray starts its workers at nice 15, so that its own processes stay responsive.
+# Here the workers are the nodes that train: at nice 15 any other busy process
+# on the machine starves them (measured beside two CPU burners: a two-node test
+# run took about 150 s instead of 5-12 s). A local Ray starts them at nice 0; a
+# cluster joined keeps its own setting (RAY_worker_niceness, docs/cluster.md).
+LOCAL_RAY_CONFIG = {"worker_niceness": 0}
 POLL_S = 0.05  # how often the driver looks at the run
 CONNECT_S = 5.0  # how long --address may take to answer
 NODE_RESULTS_S = 60.0  # how long the driver waits for the nodes' figures after a stop
@@ -151,7 +157,7 @@ def connect(address: str | None, cfg: TrainConfig):
                 ray.init(address="local",  # a new one, even where another is running
                          num_cpus=max(os.cpu_count() or 1, cfg.nodes * cfg.threads),
                          include_dashboard=False, configure_logging=False,
-                         log_to_driver=False)
+                         log_to_driver=False, _system_config=LOCAL_RAY_CONFIG)
             else:
                 ray.init(address=address, configure_logging=False, log_to_driver=False)
     except (ConnectionError, RuntimeError, ValueError) as e:

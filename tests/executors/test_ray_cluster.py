@@ -6,6 +6,7 @@ errors."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -25,12 +26,27 @@ BATCH, N_TRAIN = 8, 800  # 100 updates an epoch
 
 @pytest.fixture(scope="module")
 def cluster():
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    # nodes that train at nice 0, as a local Ray of iasgd's has them (Ray's
+    # default, 15, starves them on a busy machine: R.LOCAL_RAY_CONFIG)
+    c = Cluster(initialize_head=True,
+                head_node_args={"num_cpus": 2, "_system_config": R.LOCAL_RAY_CONFIG})
     c.add_node(num_cpus=2)
     ray.init(address=c.address, configure_logging=False, log_to_driver=False)
     yield c
     ray.shutdown()
     c.shutdown()
+
+
+def test_the_nodes_train_at_normal_priority(cluster):
+    """Workers on both machines of the test cluster run at nice 0 (Ray's
+    default is 15)."""
+    @ray.remote(num_cpus=2)
+    def niceness() -> tuple[str, int]:
+        return ray.get_runtime_context().get_node_id(), os.getpriority(os.PRIO_PROCESS, 0)
+
+    seen = dict(ray.get([niceness.options(scheduling_strategy="SPREAD").remote()
+                         for _ in range(2)]))
+    assert set(seen.values()) == {0}, seen
 
 
 @pytest.fixture(scope="module")
