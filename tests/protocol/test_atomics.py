@@ -88,36 +88,53 @@ def test_compare_and_swap_under_contention():
 # unless the stores are seq_cst. The gate's sleep/wake hand-shake (announce,
 # then read the word; change the word, then read the sleeper count) is exactly
 # this pattern, so a weaker ordering would lose wake-ups.
-_SB_GO, _SB_FLAG, _SB_DONE = 8, 32, 80  # slots a cache line apart
+_SB_GO, _SB_FLAG, _SB_DONE, _SB_STOP = 8, 32, 80, 104  # slots a cache line apart
+SB_ROUNDS, SB_PATIENCE_S = 60_000, 60.0
 
 
 @jit
-def _store_buffering(arr, me, rounds, seen):
+def _store_buffering(arr, me, rounds, seen, done):
+    """Thread `me` of the litmus test, for `rounds` rounds or until
+    arr[_SB_STOP] is set; done[me]: the rounds it completed."""
     other = 1 - me
+    done[me] = rounds
     for r in range(1, rounds + 1):
         atomic_store(arr, _SB_GO + 8 * me, r)
         while atomic_load(arr, _SB_GO + 8 * other) < r:
-            pass
+            if atomic_load(arr, _SB_STOP):
+                done[me] = r - 1
+                return
         atomic_store(arr, _SB_FLAG + 24 * me, r)
         seen[r - 1] = atomic_load(arr, _SB_FLAG + 24 * other)
         atomic_store(arr, _SB_DONE + 8 * me, r)
         while atomic_load(arr, _SB_DONE + 8 * other) < r:
-            pass
+            if atomic_load(arr, _SB_STOP):
+                done[me] = r
+                return
 
 
 def test_stores_are_sequentially_consistent():
-    rounds = 60_000
-    _store_buffering(np.zeros(128, np.int64), 0, 0, np.zeros(1, np.int64))
-    arr, seen = np.zeros(128, np.int64), np.zeros((2, rounds), np.int64)
-    threads = [threading.Thread(target=_store_buffering, args=(arr, me, rounds, seen[me]))
+    """No round in which both threads miss the other's store. The rounds need
+    both threads on a core at once: on a busy machine they are cut short after
+    SB_PATIENCE_S (checked on the rounds done), never failed for being slow."""
+    _store_buffering(np.zeros(128, np.int64), 0, 0, np.zeros(1, np.int64),
+                     np.zeros(2, np.int64))
+    arr, seen = np.zeros(128, np.int64), np.zeros((2, SB_ROUNDS), np.int64)
+    done = np.zeros(2, np.int64)
+    threads = [threading.Thread(target=_store_buffering,
+                                args=(arr, me, SB_ROUNDS, seen[me], done))
                for me in (0, 1)]
     for t in threads:
         t.start()
+    threads[0].join(SB_PATIENCE_S)
+    arr[_SB_STOP] = 1  # both leave at their next look (a no-op if they are done)
     for t in threads:
         t.join(120)
         assert not t.is_alive()
+    rounds = int(done.min())
+    assert rounds > 0
     r = np.arange(1, rounds + 1)
-    both_missed = int(((seen[0] < r) & (seen[1] < r)).sum())
+    both_missed = int(((seen[0, :rounds] < r) & (seen[1, :rounds] < r)).sum())
     assert both_missed == 0, f"{both_missed} of {rounds} rounds reordered a store and a load"
 
 
