@@ -9,14 +9,22 @@ repeats), iasgd's compiled step next to the same network and optimiser in
 PyTorch with torch.set_num_threads(1) where torch is importable, and their
 ratio. The two take turns repetition by repetition, so that a noisy machine
 slows both alike. Each repetition runs about --seconds of steps (calibrated
-in the warm-up). Then the time to the first training step of a fresh
-process, with an empty numba cache (full compile) and with a warm one
-(cached start-up).
+in the warm-up). iasgd's rate is also given in GFLOP/s (the convolutions'
+and dense layers' multiply-adds, forward and backward, counted as 2 FLOP)
+and as a fraction of the single-core sgemm rate, measured in the same run
+(numpy's BLAS, one thread, 512 x 512 x 512 float32).
+
+Then a per-op breakdown of each model and batch size: the time of every op
+of the plan, forward and backward, each run alone (kernels.forward_op /
+backward_op, repeated inside compiled code) and the GFLOP/s of those with
+arithmetic. Then the time to the first training step of a fresh process,
+with an empty numba cache (full compile) and with a warm one (cached start-up).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import subprocess
@@ -26,6 +34,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numba
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,9 +43,120 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from iasgd.nn import kernels as K  # noqa: E402
 from iasgd.nn import models  # noqa: E402
+from iasgd.nn.blas import single_threaded_blas  # noqa: E402
 
 LR, MOMENTUM = 0.005, 0.5
 DATASET = "cifar10"
+
+
+SGEMM_SIZE = 512
+
+
+def sgemm_gflops(seconds: float = 1.0) -> float:
+    """Single-core float32 GEMM rate of numpy's BLAS, best of repeated 512^3
+    products over about `seconds` (the caller limits BLAS to one thread)."""
+    rng = np.random.default_rng(0)
+    a, b = (rng.random((SGEMM_SIZE, SGEMM_SIZE), dtype=np.float32) for _ in range(2))
+    c = np.empty_like(a)
+    np.dot(a, b, out=c)
+    best = math.inf
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        t0 = time.perf_counter()
+        np.dot(a, b, out=c)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * SGEMM_SIZE ** 3 / best / 1e9
+
+
+def op_flops(row: np.ndarray, n: int) -> tuple[float, float]:
+    """FLOPs of a plan row's forward and backward for n samples (2 per
+    multiply-add; the conv's wide junk columns not counted)."""
+    op = row[K.P_OP]
+    if op == K.OP_CONV:
+        k = row[K.P_K]
+        one = 2.0 * n * row[K.P_CO] * row[K.P_C] * k * k * row[K.P_OH] * row[K.P_OW]
+    elif op == K.OP_DENSE:
+        one = 2.0 * n * row[K.P_CO] * row[K.P_C]
+    else:
+        return 0.0, 0.0
+    return one, one * (2 if row[K.P_GRAD] else 1)  # weights (+ input) gradient
+
+
+def model_flops(model: models.Model) -> float:
+    """FLOPs of one sample's forward and backward."""
+    plan = model.workspace(1).plan
+    return sum(sum(op_flops(row, 1)) for row in plan)
+
+
+@numba.njit(nogil=True)
+def _repeat_forward_op(params, plan, i, acts, argmax, n, reps):
+    for _ in range(reps):
+        K.forward_op(params, plan, i, acts, argmax, n)
+
+
+@numba.njit(nogil=True)
+def _repeat_backward_op(params, grad, plan, i, acts, dacts, argmax, n, reps):
+    for _ in range(reps):
+        K.backward_op(params, grad, plan, i, acts, dacts, argmax, n)
+
+
+def op_label(row: np.ndarray) -> str:
+    """conv 32->64 k3 on 18x18, dense 4096->128, pool 32x32x32, ..."""
+    name = K.OP_NAMES[row[K.P_OP]]
+    c, h, w, co = row[K.P_C], row[K.P_H], row[K.P_W], row[K.P_CO]
+    if row[K.P_OP] == K.OP_CONV:
+        bits = row[K.P_GEMM]
+        gemm = "/".join(label for bit, label in ((K.GEMM_FORWARD, "fwd"), (K.GEMM_WEIGHTS, "dw"),
+                                                 (K.GEMM_INPUT, "dx")) if bits & bit)
+        return f"conv {c}->{co} k{row[K.P_K]} on {h}x{w}" + (f" (gemm {gemm})" if gemm else "")
+    if row[K.P_OP] == K.OP_DENSE:
+        return f"dense {c}->{co}" + (" +relu" if row[K.P_RELU] else "")
+    return f"{name} {c}x{h}x{w}" + (" +relu" if row[K.P_OP] == K.OP_POOL and row[K.P_RELU]
+                                    else "")
+
+
+def _rate(flops: float, seconds: float) -> str:
+    return f"{flops / seconds / 1e9:6.1f}" if flops and seconds else "     -"
+
+
+def op_breakdown(model: models.Model, batch: int, seconds: float = 0.05) -> list[str]:
+    """Table rows: each op's forward and backward time per batch and GFLOP/s."""
+    ws = model.workspace(batch)
+    params = model.init(0)
+    rng = np.random.default_rng(0)
+    ws.acts[:batch * model.input_size] = rng.uniform(-1, 1, batch * model.input_size)
+    labels = rng.integers(0, model.num_classes, batch)
+    K.network_loss_and_grad(params, ws.grad, ws.plan, ws.acts, ws.dacts, ws.argmax, labels)
+
+    def timed(run: Callable[[int], None]) -> float:
+        run(1)  # compile / warm
+        t0 = time.perf_counter()
+        run(3)
+        reps = max(3, round(seconds / max((time.perf_counter() - t0) / 3, 1e-7)))
+        best = math.inf
+        for _ in range(3):
+            t0 = time.perf_counter()
+            run(reps)
+            best = min(best, (time.perf_counter() - t0) / reps)
+        return best
+
+    lines = []
+    total = [0.0, 0.0]
+    for i, row in enumerate(ws.plan):
+        fwd = timed(lambda r, i=i: _repeat_forward_op(params, ws.plan, i, ws.acts, ws.argmax,
+                                                      batch, r))
+        bwd = timed(lambda r, i=i: _repeat_backward_op(params, ws.grad, ws.plan, i, ws.acts,
+                                                       ws.dacts, ws.argmax, batch, r))
+        f_fl, b_fl = op_flops(row, batch)
+        if not row[K.P_GRAD] and row[K.P_OP] not in (K.OP_CONV, K.OP_DENSE):
+            bwd = 0.0  # skipped: nothing before it needs a gradient
+        total[0] += fwd
+        total[1] += bwd
+        lines.append(f"| {model.name} | {batch} | {op_label(row)} | {fwd * 1e6:8.1f} | "
+                     f"{_rate(f_fl, fwd)} | {bwd * 1e6:8.1f} | {_rate(b_fl, bwd)} |")
+    lines.append(f"| {model.name} | {batch} | all ops | {total[0] * 1e6:8.1f} | | "
+                 f"{total[1] * 1e6:8.1f} | |")
+    return lines
 
 
 def iasgd_runner(model: models.Model, batch: int, images: np.ndarray,
@@ -108,6 +228,7 @@ STARTUP_SCRIPT = """
 import time; t0 = time.perf_counter()
 import numpy as np
 from iasgd.nn import models
+from iasgd.nn.blas import single_threaded_blas
 from iasgd.nn import kernels as K
 m = models.build("lenet", "cifar10"); p = m.init(0); ws = m.workspace(16)
 images = np.zeros((16, 3072), np.uint8); labels = np.zeros(16, np.int64)
@@ -141,7 +262,9 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=1.0, help="seconds per repetition")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--no-startup", action="store_true", help="skip the start-up timing")
+    ap.add_argument("--no-breakdown", action="store_true", help="skip the per-op breakdown")
     args = ap.parse_args()
+    single_threaded_blas()  # the kernels' GEMMs, and the sgemm reference, on one core
     try:
         import torch
         torch_version = torch.__version__
@@ -155,15 +278,21 @@ def main() -> None:
     images = rng.integers(0, 256, (n, 3, 32, 32), dtype=np.uint8)
     labels = rng.integers(0, 10, n).astype(np.int64)
 
+    sgemm = sgemm_gflops()
     print(f"CIFAR-10 shape, SGD lr={LR} momentum={MOMENTUM}, one thread; "
           f"{os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d %H:%M')}")
+    print(f"single-core sgemm (numpy's BLAS, {SGEMM_SIZE}^3 float32): {sgemm:.1f} GFLOP/s")
     print(f"samples/s: median (min-max) of {args.repeats} repetitions of ~{args.seconds:g} s "
-          "after warm-up, the two taking turns")
-    print(f"| model | params | batch | iasgd samples/s | PyTorch {torch_version or '(absent)'} "
-          "samples/s | ratio |")
-    print("|---|---:|---:|---:|---:|---:|")
+          "after warm-up, the two taking turns; GFLOP/s and its fraction of sgemm: iasgd's "
+          "median")
+    print(f"| model | params | batch | iasgd samples/s | GFLOP/s | of sgemm "
+          f"| PyTorch {torch_version or '(absent)'} samples/s | ratio |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    built = []
     for name in names:
         model = models.build(name, DATASET)
+        built.append(model)
+        flops = model_flops(model)
         for b in batches:
             runners = [iasgd_runner(model, b, images, labels)]
             if torch_version:
@@ -174,8 +303,17 @@ def main() -> None:
                 theirs = fmt(rates[1])
             else:
                 ratio = theirs = "-"
-            print(f"| {name} | {model.num_params:,} | {b} | {fmt(rates[0])} | {theirs} | "
-                  f"{ratio} |", flush=True)
+            gflops = statistics.median(rates[0]) * flops / 1e9
+            print(f"| {name} | {model.num_params:,} | {b} | {fmt(rates[0])} | {gflops:.1f} | "
+                  f"{gflops / sgemm:.0%} | {theirs} | {ratio} |", flush=True)
+    if not args.no_breakdown:
+        print("\nper-op breakdown: microseconds per batch of each op run alone, and its "
+              "GFLOP/s (backward: weight and input gradients together)")
+        print("| model | batch | op | forward us | GFLOP/s | backward us | GFLOP/s |")
+        print("|---|---:|---|---:|---:|---:|---:|")
+        for model in built:
+            for b in batches:
+                print("\n".join(op_breakdown(model, b)), flush=True)
     if not args.no_startup:
         with tempfile.TemporaryDirectory() as cache:
             cold = startup_seconds(cache)

@@ -16,6 +16,7 @@ from iasgd.config import TrainConfig, eval_points, steps_per_epoch
 from iasgd.data import Dataset
 from iasgd.executors.epochs import run_epochs
 from iasgd.nn import kernels as K
+from iasgd.nn.blas import single_threaded_blas
 from iasgd.nn.models import Model
 from iasgd.results import (
     EpochRecord,
@@ -105,7 +106,8 @@ class SequentialRun:
         K.train_steps(self.weights, self.ws.buffers, self.inputs,
                       K.Steps(np.arange(n_train, dtype=np.int64), 0, 0, self.cfg.batch_size,
                               self.cfg.lr, self.cfg.momentum), self.losses)
-        return run_epochs(self, hooks, checkpoint_every)
+        with single_threaded_blas():  # the kernels' GEMMs: one core
+            return run_epochs(self, hooks, checkpoint_every)
 
     def epoch_samples(self) -> int:
         return self.images.shape[0]

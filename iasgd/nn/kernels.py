@@ -3,6 +3,9 @@
 Every function here is a pure function on arrays, compiled by numba with the GIL
 released: no I/O, no Python objects, no allocation on the training path. Results
 go into arrays the caller preallocated (a worker's workspace and gradient buffer).
+Some passes call BLAS (numba's three-argument np.dot, which calls scipy's
+OpenBLAS without the GIL and without allocating): run them under
+`iasgd.nn.blas.single_threaded_blas()` (the executors do), one BLAS thread per worker thread.
 
 Conventions
 - Activations are float32, C-contiguous, NCHW with a *row stride* S >= the
@@ -47,7 +50,9 @@ Steps = namedtuple("Steps", ["order", "first", "count", "batch_size", "lr", "mom
 OP_CONV = 0     # valid k x k conv: (C, H, W; S) -> (CO, OH, OW; S), weights at WOFF/BOFF
 OP_PAD = 1      # zero border of K pixels: (C, H, W; S) -> (C, H+2K, W+2K; W+2K)
 OP_RELU = 2     # in place on (C, H, W; S) at XOFF == ZOFF
-OP_POOL = 3     # 2x2 max-pool, floor: (C, H, W; S) -> (C, H//2, W//2; W//2); RELU fuses a ReLU
+OP_POOL = 3     # 2x2 max-pool, floor: (C, H, W; S) -> (C, H//2, W//2; W//2); RELU fuses a
+                # ReLU; K > 0: written inside a zero border of K (OS = W//2 + 2K), the
+                # padding of the "same" conv that follows
 OP_FLATTEN = 4  # compact copy (C, H, W; S) -> (C*H*W,), only for S > W (S == W is free)
 OP_DENSE = 5    # (C,) -> (CO,), weights at WOFF/BOFF; RELU fuses a ReLU on the output
 OP_NAMES = ("conv", "pad", "relu", "pool", "flatten", "dense")
@@ -56,34 +61,49 @@ OP_NAMES = ("conv", "pad", "relu", "pool", "flatten", "dense")
 # (CO, OH, OW) with row stride OS at ZOFF (dense tensors: H = W = S = 1); K:
 # kernel size (conv) or border (pad); AOFF: pooling indices; GRAD: 1 if the
 # op's input needs a gradient (an op before it has parameters), else its
-# backward stops at its own weights.
+# backward stops at its own weights (a pool's K: see OP_POOL). GEMM (conv): which passes run as
+# im2col + BLAS GEMM instead of the direct kernels (GEMM_* bits, chosen by
+# models.py); COFF: where their per-sample scratch (the column matrix, and
+# the partial weight gradient) starts in acts (forward) and dacts (backward).
 (P_OP, P_C, P_H, P_W, P_S, P_CO, P_OH, P_OW, P_OS, P_K, P_XOFF, P_ZOFF, P_WOFF, P_BOFF,
- P_AOFF, P_RELU, P_GRAD) = range(17)
-PLAN_COLUMNS = 17
+ P_AOFF, P_RELU, P_GRAD, P_GEMM, P_COFF) = range(19)
+PLAN_COLUMNS = 19
+
+# GEMM bits of a conv row: which passes run as GEMMs (any kernel size; the
+# direct kernels exist for 3x3 and 5x5 only).
+GEMM_FORWARD = 1
+GEMM_WEIGHTS = 2
+GEMM_INPUT = 4
+GEMM_ALL = GEMM_FORWARD | GEMM_WEIGHTS | GEMM_INPUT
 
 
 # ---------------------------------------------------------------- convolution
 #
-# One entry point per pass (forward, weight gradient, input gradient) takes any
-# odd kernel size and dispatches: 5x5 and 3x3 have hand-unrolled kernels (the
-# taps live in registers and two channels share every load), any other size a
-# plain loop per tap that is correct and vectorised but slower.
+# Two ways, chosen per conv and pass by the plan (P_GEMM, set in models.py):
+# - direct kernels for 3x3 and 5x5, hand-unrolled (the taps live in registers
+#   and several channels share every load): one entry point per pass
+#   (conv_forward, conv_backward_weights, conv_backward_input) dispatches on k;
+# - im2col + GEMM for any odd k (conv_*_gemm): a sample's input becomes the
+#   (C*k*k, OH*S) column matrix, one contiguous copy per row thanks to the wide
+#   layout, and BLAS multiplies it (numba's np.dot calls scipy's BLAS without
+#   the GIL and without allocating). It serves the sizes without a direct
+#   kernel, and the gradients of the convs with enough channels for BLAS to
+#   run near its best (models.conv_gemm has the rule and the measurements);
+#   on the presets' shapes the direct forward stays as fast or faster.
 
 
 @jit
 def conv_forward(x, w, b, out, width):
-    """Valid k x k convolution plus bias, in wide layout.
+    """Valid k x k convolution plus bias, in wide layout (k = 3 or 5: the
+    direct kernels; conv_forward_gemm takes any k).
 
     x: (N, C, H, S) with valid width `width` <= S; w: (O, C, k, k); b: (O,);
     out: (N, O, (H-k+1)*S), wide rows (valid columns < width-k+1).
     """
-    k = w.shape[2]
-    if k == 5:
+    if w.shape[2] == 5:
         _conv5_forward(x, w, b, out, width)
-    elif k == 3:
-        _conv3_forward(x, w, b, out, width)
     else:
-        _convk_forward(x, w, b, out, width)
+        _conv3_forward(x, w, b, out, width)
 
 
 @jit
@@ -93,13 +113,10 @@ def conv_backward_weights(x, dout, dw, db, width):
     x: (N, C, H, S) the layer input (valid width `width`); dout: (N, O, OH*S)
     wide, zero in junk columns; dw: (O, C, k, k) and db: (O,) are overwritten.
     """
-    k = dw.shape[2]
-    if k == 5:
+    if dw.shape[2] == 5:
         _conv5_backward_weights(x, dout, dw, db, width)
-    elif k == 3:
-        _conv3_backward_weights(x, dout, dw, db, width)
     else:
-        _convk_backward_weights(x, dout, dw, db, width)
+        _conv3_backward_weights(x, dout, dw, db, width)
 
 
 @jit
@@ -109,13 +126,10 @@ def conv_backward_input(w, dout, dx, width):
     w: (O, C, k, k); dout: (N, O, OH*S) wide, zero in junk columns; dx: (N, C,
     H, S) is overwritten, zero in its junk columns (>= width).
     """
-    k = w.shape[2]
-    if k == 5:
+    if w.shape[2] == 5:
         _conv5_backward_input(w, dout, dx, width)
-    elif k == 3:
-        _conv3_backward_input(w, dout, dx, width)
     else:
-        _convk_backward_input(w, dout, dx, width)
+        _conv3_backward_input(w, dout, dx, width)
 
 
 @jit
@@ -427,67 +441,6 @@ def _conv3_backward_input(w, dout, dx, width):
 
 
 @jit
-def _convk_forward(x, w, b, out, width):
-    """Any kernel size: one vectorised loop per tap."""
-    N, C, H, S = x.shape
-    O, _, k, _ = w.shape
-    L = (H - k) * S + (width - k + 1)
-    xf = x.reshape((N, C, H * S))
-    for n in range(N):
-        for o in range(O):
-            a = out[n, o, :L]
-            a[:] = b[o]
-            for c in range(C):
-                for kh in range(k):
-                    for kw in range(k):
-                        r = xf[n, c, kh * S + kw:]
-                        t = w[o, c, kh, kw]
-                        for p in range(L):
-                            a[p] += t * r[p]
-
-
-@jit
-def _convk_backward_weights(x, dout, dw, db, width):
-    N, C, H, S = x.shape
-    O, _, k, _ = dw.shape
-    L = (H - k) * S + (width - k + 1)
-    xf = x.reshape((N, C, H * S))
-    dw[:] = 0
-    db[:] = 0
-    for n in range(N):
-        for o in range(O):
-            d = dout[n, o, :L]
-            db[o] += _sum(d)
-            for c in range(C):
-                for kh in range(k):
-                    for kw in range(k):
-                        r = xf[n, c, kh * S + kw:]
-                        s = x.dtype.type(0)
-                        for p in range(L):
-                            s += d[p] * r[p]
-                        dw[o, c, kh, kw] += s
-
-
-@jit
-def _convk_backward_input(w, dout, dx, width):
-    N, C, H, S = dx.shape
-    O, _, k, _ = w.shape
-    L = (H - k) * S + (width - k + 1)
-    dxf = dx.reshape((N, C, H * S))
-    dxf[:] = 0
-    for n in range(N):
-        for c in range(C):
-            for o in range(O):
-                d = dout[n, o, :L]
-                for kh in range(k):
-                    for kw in range(k):
-                        t = dxf[n, c, kh * S + kw:]
-                        v = w[o, c, kh, kw]
-                        for p in range(L):
-                            t[p] += v * d[p]
-
-
-@jit
 def _span(L, P, last):
     """How far a vectorised loop over a wide plane runs: the valid span L
     rounded up to whole AVX vectors of 8 when that stays inside the plane of
@@ -519,6 +472,125 @@ def _input_grad_head3(t, d, w0, w1):
     """t[i] += sum_{k <= i} w_k d[i - k] for i < 2, where taps fall before d."""
     t[0] += w0 * d[0]
     t[1] += w0 * d[1] + w1 * d[0]
+
+
+# ------------------------------------------------------- im2col + GEMM conv
+
+
+@jit
+def im2col(xf, S, k, L, col):
+    """The column matrix of one sample: col[(c*k + kh)*k + kw, p] =
+    xf[c, kh*S + kw + p] for p < L, zero for L <= p < OH*S (col's width).
+
+    xf: (C, H*S) a wide input plane per channel; L = (H-k)*S + width-k+1,
+    one past the last valid output position. Output position p = i*S + j
+    (j < OW valid, the rest junk columns) then is col[:, p] . w[o].
+    """
+    C = xf.shape[0]
+    r = 0
+    for c in range(C):
+        for kh in range(k):
+            for kw in range(k):
+                off = kh * S + kw
+                col[r, :L] = xf[c, off:off + L]
+                col[r, L:] = 0
+                r += 1
+
+
+@jit
+def col2im(dcol, S, k, L, dxf):
+    """im2col's transpose: dxf (C, H*S) = the sum of dcol's rows at their
+    offsets (overwritten). Junk columns of dxf stay zero when dcol is zero
+    in the junk output columns (dout is)."""
+    C = dxf.shape[0]
+    dxf[:] = 0
+    r = 0
+    for c in range(C):
+        for kh in range(k):
+            for kw in range(k):
+                t = dxf[c, kh * S + kw:kh * S + kw + L]
+                d = dcol[r, :L]
+                for p in range(L):
+                    t[p] += d[p]
+                r += 1
+
+
+@jit
+def conv_forward_gemm(x, w2, b, out, width, col):
+    """conv_forward of any odd k by im2col + GEMM, sample by sample.
+
+    x: (N, C, H, S); w2: (O, C*k*k) (the weights, flat per output channel);
+    b: (O,); out: (N, O, OH*S) wide; col: (C*k*k, OH*S) scratch.
+    """
+    N, C, H, S = x.shape
+    O, CKK = w2.shape
+    k = _kernel_size(CKK, C)
+    L = (H - k) * S + (width - k + 1)
+    xf = x.reshape((N, C, H * S))
+    for n in range(N):
+        im2col(xf[n], S, k, L, col)
+        o = out[n]
+        np.dot(w2, col, o)
+        for q in range(O):
+            row = o[q]
+            bq = b[q]
+            for p in range(row.size):
+                row[p] += bq
+
+
+@jit
+def conv_backward_weights_gemm(x, dout, dw2, db, width, col, acc, tmp):
+    """conv_backward_weights by im2col + GEMM: dw2 (O, C*k*k) = the sum over
+    samples of dout[n] @ col[n].T, computed transposed (col[n] @ dout[n].T,
+    BLAS's faster orientation here: 64-80 vs 53 GFLOP/s on vgg-small's 32 ->
+    64 conv, 63 vs 33 on LeNet-5's 6 -> 16); db (O,) the sums of dout (both
+    overwritten). col: (C*k*k, OH*S), acc and tmp: (C*k*k, O) scratch."""
+    N, C, H, S = x.shape
+    O, CKK = dw2.shape
+    k = _kernel_size(CKK, C)
+    L = (H - k) * S + (width - k + 1)
+    xf = x.reshape((N, C, H * S))
+    db[:] = 0
+    acc[:] = 0
+    for n in range(N):
+        im2col(xf[n], S, k, L, col)
+        if n == 0:
+            np.dot(col, dout[n].T, acc)
+        else:
+            np.dot(col, dout[n].T, tmp)
+            for r in range(CKK):
+                a = acc[r]
+                t = tmp[r]
+                for q in range(O):
+                    a[q] += t[q]
+        for q in range(O):
+            db[q] += _sum(dout[n, q, :L])
+    for q in range(O):
+        for r in range(CKK):
+            dw2[q, r] = acc[r, q]
+
+
+@jit
+def conv_backward_input_gemm(w2, dout, dx, width, dcol):
+    """conv_backward_input by GEMM + col2im: dcol = w2.T @ dout[n], then
+    scattered into dx (N, C, H, S), overwritten, zero in its junk columns.
+    dcol: (C*k*k, OH*S) scratch."""
+    N, C, H, S = dx.shape
+    k = _kernel_size(w2.shape[1], C)
+    L = (H - k) * S + (width - k + 1)
+    dxf = dx.reshape((N, C, H * S))
+    for n in range(N):
+        np.dot(w2.T, dout[n], dcol)
+        col2im(dcol, S, k, L, dxf[n])
+
+
+@jit
+def _kernel_size(CKK, C):
+    """k from C*k*k and C."""
+    k = 1
+    while k * k * C < CKK:
+        k += 1
+    return k
 
 
 # ------------------------------------------------------------ pad and flatten
@@ -634,13 +706,15 @@ def maxpool2_forward(z, width, out, argmax):
 
 @jit
 def _maxpool2_forward(z, width, out, argmax, relu):
+    # `out` may be a strided view (the middle of a padded map: models.py
+    # fuses a "same" conv's padding into the pool before it).
     N, C, PH, PW = out.shape
     for n in range(N):
         for c in range(C):
             plane = z[n, c]
-            o = out[n, c].reshape(PH * PW)
-            a = argmax[n, c].reshape(PH * PW)
             for i in range(PH):
+                o = out[n, c, i]
+                a = argmax[n, c, i]
                 for j in range(PW):
                     k = 2 * i * width + 2 * j
                     best = k
@@ -648,8 +722,8 @@ def _maxpool2_forward(z, width, out, argmax, relu):
                     for cand in (k + 1, k + width, k + width + 1):
                         if plane[cand] > m:
                             best, m = cand, plane[cand]
-                    a[i * PW + j] = best
-                    o[i * PW + j] = max(m, 0) if relu else m
+                    a[j] = best
+                    o[j] = max(m, 0) if relu else m
 
 
 @jit
@@ -681,6 +755,15 @@ def _maxpool2_backward(dout, out, argmax, dz, relu):
 
 
 # --------------------------------------------------------------------- dense
+#
+# BLAS (np.dot) where it beats the loops below, measured single-threaded on
+# this project's shapes (GFLOP/s, loops vs BLAS): every pass of 64 rows
+# (forward 4096 -> 128: 38 vs 66, 400 -> 120: 41 vs 60, 120 -> 10: 30 vs 36;
+# weight gradient 29 vs 71, 31 vs 58, but 27 vs 17 with 10 outputs), not of
+# 16 rows (forward 38 vs 32, 45 vs 34, 35 vs 18; the weight gradient even:
+# 36 vs 35, 47 vs 52, 42 vs 44).
+BLAS_MIN_ROWS = 32
+BLAS_MIN_OUTPUTS = 16
 
 
 @jit
@@ -693,6 +776,13 @@ def dense_forward(a, w, b, out):
     """
     N, I = a.shape
     O = w.shape[0]
+    if N >= BLAS_MIN_ROWS:
+        np.dot(a, w.T, out)
+        for n in range(N):
+            row = out[n]
+            for o in range(O):
+                row[o] += b[o]
+        return
     zero = w.dtype.type(0)
     n = 0
     while n + 4 <= N:
@@ -732,6 +822,14 @@ def dense_backward_weights(a, dout, dw, db):
     N, I = a.shape
     O = dw.shape[0]
     zero = dw.dtype.type(0)
+    if N >= BLAS_MIN_ROWS and O >= BLAS_MIN_OUTPUTS:
+        np.dot(dout.T, a, dw)
+        for o in range(O):
+            s = zero
+            for n in range(N):
+                s += dout[n, o]
+            db[o] = s
+        return
     for o in range(O):
         row = dw[o]
         row[:] = 0
@@ -763,6 +861,9 @@ def dense_backward_input(w, dout, da):
     """
     N, O = dout.shape
     I = w.shape[1]
+    if N >= BLAS_MIN_ROWS:
+        np.dot(dout, w, da)
+        return
     da[:] = 0
     o = 0
     while o + 4 <= O:
@@ -948,34 +1049,45 @@ def network_forward(params, plan, acts, argmax, n):
     pooling indices into `argmax`) at the plan's offsets; the logits are the
     last row's (a dense op's) output.
     """
-    for row in plan:
-        op = row[P_OP]
-        C, H, W, S = row[P_C], row[P_H], row[P_W], row[P_S]
-        CO, OH, OW, OS = row[P_CO], row[P_OH], row[P_OW], row[P_OS]
-        if op == OP_CONV:
-            k = row[P_K]
-            conv_forward(_view4(acts, row[P_XOFF], n, C, H, S),
-                         _view4(params, row[P_WOFF], CO, C, k, k),
-                         params[row[P_BOFF]:row[P_BOFF] + CO],
-                         _view3(acts, row[P_ZOFF], n, CO, OH * OS), W)
-        elif op == OP_PAD:
-            pad_forward(_view4(acts, row[P_XOFF], n, C, H, S), W, row[P_K],
-                        _view4(acts, row[P_ZOFF], n, CO, OH, OS))
-        elif op == OP_RELU:
-            relu_inplace(acts[row[P_XOFF]:row[P_XOFF] + n * C * H * S])
-        elif op == OP_POOL:
-            _maxpool2_forward(_view3(acts, row[P_XOFF], n, C, H * S), S,
-                              _view4(acts, row[P_ZOFF], n, CO, OH, OW),
-                              _view4(argmax, row[P_AOFF], n, CO, OH, OW), row[P_RELU] != 0)
-        elif op == OP_FLATTEN:
-            flatten_forward(_view4(acts, row[P_XOFF], n, C, H, S), W,
-                            _view2(acts, row[P_ZOFF], n, CO))
-        else:  # OP_DENSE
-            z = _view2(acts, row[P_ZOFF], n, CO)
-            dense_forward(_view2(acts, row[P_XOFF], n, C), _view2(params, row[P_WOFF], CO, C),
-                          params[row[P_BOFF]:row[P_BOFF] + CO], z)
-            if row[P_RELU]:
-                relu_inplace(z)
+    for i in range(plan.shape[0]):
+        forward_op(params, plan, i, acts, argmax, n)
+
+
+@jit
+def forward_op(params, plan, i, acts, argmax, n):
+    """The forward of the plan's op i alone (network_forward runs them all in
+    order; bench/kernels.py times them one by one)."""
+    row = plan[i]
+    op = row[P_OP]
+    C, H, W, S = row[P_C], row[P_H], row[P_W], row[P_S]
+    CO, OH, OW, OS = row[P_CO], row[P_OH], row[P_OW], row[P_OS]
+    if op == OP_CONV:
+        k = row[P_K]
+        x = _view4(acts, row[P_XOFF], n, C, H, S)
+        z = _view3(acts, row[P_ZOFF], n, CO, OH * OS)
+        b = params[row[P_BOFF]:row[P_BOFF] + CO]
+        if row[P_GEMM] & GEMM_FORWARD:
+            conv_forward_gemm(x, _view2(params, row[P_WOFF], CO, C * k * k), b, z, W,
+                              _view2(acts, row[P_COFF], C * k * k, OH * OS))
+        else:
+            conv_forward(x, _view4(params, row[P_WOFF], CO, C, k, k), b, z, W)
+    elif op == OP_PAD:
+        pad_forward(_view4(acts, row[P_XOFF], n, C, H, S), W, row[P_K],
+                    _view4(acts, row[P_ZOFF], n, CO, OH, OS))
+    elif op == OP_RELU:
+        relu_inplace(acts[row[P_XOFF]:row[P_XOFF] + n * C * H * S])
+    elif op == OP_POOL:
+        _maxpool2_forward(_view3(acts, row[P_XOFF], n, C, H * S), S, _pooled(acts, row, n),
+                          _view4(argmax, row[P_AOFF], n, CO, OH, OW), row[P_RELU] != 0)
+    elif op == OP_FLATTEN:
+        flatten_forward(_view4(acts, row[P_XOFF], n, C, H, S), W,
+                        _view2(acts, row[P_ZOFF], n, CO))
+    else:  # OP_DENSE
+        z = _view2(acts, row[P_ZOFF], n, CO)
+        dense_forward(_view2(acts, row[P_XOFF], n, C), _view2(params, row[P_WOFF], CO, C),
+                      params[row[P_BOFF]:row[P_BOFF] + CO], z)
+        if row[P_RELU]:
+            relu_inplace(z)
 
 
 @jit
@@ -988,48 +1100,66 @@ def network_backward(params, grad, plan, acts, dacts, argmax, n):
     gradient.
     """
     for i in range(plan.shape[0] - 1, -1, -1):
-        row = plan[i]
-        op = row[P_OP]
-        C, H, W, S = row[P_C], row[P_H], row[P_W], row[P_S]
-        CO, OH, OW, OS = row[P_CO], row[P_OH], row[P_OW], row[P_OS]
-        need = row[P_GRAD] != 0
-        if op == OP_CONV:
-            k = row[P_K]
-            x = _view4(acts, row[P_XOFF], n, C, H, S)
-            dz = _view3(dacts, row[P_ZOFF], n, CO, OH * OS)
-            conv_backward_weights(x, dz, _view4(grad, row[P_WOFF], CO, C, k, k),
-                                  grad[row[P_BOFF]:row[P_BOFF] + CO], W)
-            if need:
-                conv_backward_input(_view4(params, row[P_WOFF], CO, C, k, k), dz,
-                                    _view4(dacts, row[P_XOFF], n, C, H, S), W)
-        elif op == OP_DENSE:
-            a = _view2(acts, row[P_XOFF], n, C)
-            z = _view2(acts, row[P_ZOFF], n, CO)
-            dz = _view2(dacts, row[P_ZOFF], n, CO)
-            if row[P_RELU]:
-                relu_backward_inplace(dz, z)
-            dense_backward_weights(a, dz, _view2(grad, row[P_WOFF], CO, C),
-                                   grad[row[P_BOFF]:row[P_BOFF] + CO])
-            if need:
-                dense_backward_input(_view2(params, row[P_WOFF], CO, C), dz,
-                                     _view2(dacts, row[P_XOFF], n, C))
-        elif not need:
-            continue
-        elif op == OP_PAD:
-            pad_backward(_view4(dacts, row[P_ZOFF], n, CO, OH, OS), W, row[P_K],
+        backward_op(params, grad, plan, i, acts, dacts, argmax, n)
+
+
+@jit
+def backward_op(params, grad, plan, i, acts, dacts, argmax, n):
+    """The backward of the plan's op i alone (network_backward runs them all
+    in reverse order)."""
+    row = plan[i]
+    op = row[P_OP]
+    C, H, W, S = row[P_C], row[P_H], row[P_W], row[P_S]
+    CO, OH, OW, OS = row[P_CO], row[P_OH], row[P_OW], row[P_OS]
+    need = row[P_GRAD] != 0
+    if op == OP_CONV:
+        k = row[P_K]
+        CKK = C * k * k
+        x = _view4(acts, row[P_XOFF], n, C, H, S)
+        dz = _view3(dacts, row[P_ZOFF], n, CO, OH * OS)
+        db = grad[row[P_BOFF]:row[P_BOFF] + CO]
+        if row[P_GEMM] & GEMM_WEIGHTS:
+            conv_backward_weights_gemm(x, dz, _view2(grad, row[P_WOFF], CO, CKK), db, W,
+                                       _view2(acts, row[P_COFF], CKK, OH * OS),
+                                       _view2(dacts, row[P_COFF], CKK, CO),
+                                       _view2(dacts, row[P_COFF] + CKK * CO, CKK, CO))
+        else:
+            conv_backward_weights(x, dz, _view4(grad, row[P_WOFF], CO, C, k, k), db, W)
+        if not need:
+            return
+        dx = _view4(dacts, row[P_XOFF], n, C, H, S)
+        if row[P_GEMM] & GEMM_INPUT:
+            conv_backward_input_gemm(_view2(params, row[P_WOFF], CO, CKK), dz, dx, W,
+                                     _view2(dacts, row[P_COFF], CKK, OH * OS))
+        else:
+            conv_backward_input(_view4(params, row[P_WOFF], CO, C, k, k), dz, dx, W)
+    elif op == OP_DENSE:
+        a = _view2(acts, row[P_XOFF], n, C)
+        z = _view2(acts, row[P_ZOFF], n, CO)
+        dz = _view2(dacts, row[P_ZOFF], n, CO)
+        if row[P_RELU]:
+            relu_backward_inplace(dz, z)
+        dense_backward_weights(a, dz, _view2(grad, row[P_WOFF], CO, C),
+                               grad[row[P_BOFF]:row[P_BOFF] + CO])
+        if need:
+            dense_backward_input(_view2(params, row[P_WOFF], CO, C), dz,
+                                 _view2(dacts, row[P_XOFF], n, C))
+    elif not need:
+        return
+    elif op == OP_PAD:
+        pad_backward(_view4(dacts, row[P_ZOFF], n, CO, OH, OS), W, row[P_K],
+                     _view4(dacts, row[P_XOFF], n, C, H, S))
+    elif op == OP_RELU:
+        size = n * C * H * S
+        relu_backward_inplace(dacts[row[P_XOFF]:row[P_XOFF] + size],
+                              acts[row[P_XOFF]:row[P_XOFF] + size])
+    elif op == OP_POOL:
+        _maxpool2_backward(_pooled(dacts, row, n), _pooled(acts, row, n),
+                           _view4(argmax, row[P_AOFF], n, CO, OH, OW),
+                           _view3(dacts, row[P_XOFF], n, C, H * S), row[P_RELU] != 0)
+    elif op == OP_FLATTEN:
+        flatten_backward(_view2(dacts, row[P_ZOFF], n, CO), W,
                          _view4(dacts, row[P_XOFF], n, C, H, S))
-        elif op == OP_RELU:
-            size = n * C * H * S
-            relu_backward_inplace(dacts[row[P_XOFF]:row[P_XOFF] + size],
-                                  acts[row[P_XOFF]:row[P_XOFF] + size])
-        elif op == OP_POOL:
-            _maxpool2_backward(_view4(dacts, row[P_ZOFF], n, CO, OH, OW),
-                               _view4(acts, row[P_ZOFF], n, CO, OH, OW),
-                               _view4(argmax, row[P_AOFF], n, CO, OH, OW),
-                               _view3(dacts, row[P_XOFF], n, C, H * S), row[P_RELU] != 0)
-        elif op == OP_FLATTEN:
-            flatten_backward(_view2(dacts, row[P_ZOFF], n, CO), W,
-                             _view4(dacts, row[P_XOFF], n, C, H, S))
 
 
 @jit
@@ -1037,11 +1167,15 @@ def network_loss_and_grad(params, grad, plan, acts, dacts, argmax, labels):
     """Mean loss of the batch whose input sits in acts; gradient into grad."""
     n = labels.size
     last = plan[-1]
-    network_forward(params, plan, acts, argmax, n)
+    # network_forward and network_backward, written out: one call level less
+    # for numba to compile through (every level re-optimises its callees)
+    for i in range(plan.shape[0]):
+        forward_op(params, plan, i, acts, argmax, n)
     logits = _view2(acts, last[P_ZOFF], n, last[P_CO])
     dlogits = _view2(dacts, last[P_ZOFF], n, last[P_CO])
     loss = softmax_cross_entropy(logits, labels, dlogits)
-    network_backward(params, grad, plan, acts, dacts, argmax, n)
+    for i in range(plan.shape[0] - 1, -1, -1):
+        backward_op(params, grad, plan, i, acts, dacts, argmax, n)
     return loss
 
 
@@ -1086,8 +1220,18 @@ def predict_images(params, plan, acts, argmax, capacity, images, scale, shift, o
     for start in range(0, M, capacity):
         n = min(capacity, M - start)
         affine_copy(images[start:start + n], scale, shift, _view2(acts, 0, n, D))
-        network_forward(params, plan, acts, argmax, n)
+        for i in range(plan.shape[0]):  # network_forward, written out
+            forward_op(params, plan, i, acts, argmax, n)
         argmax_rows(_view2(acts, last[P_ZOFF], n, last[P_CO]), out[start:start + n])
+
+
+@jit
+def _pooled(flat, row, n):
+    """A pool row's (n, CO, OH, OW) output inside its map, which has a zero
+    border of K pixels when it is the input of a "same" conv (row stride OS)."""
+    B = row[P_K]
+    full = _view4(flat, row[P_ZOFF], n, row[P_CO], row[P_OH] + 2 * B, row[P_OS])
+    return full[:, :, B:B + row[P_OH], B:B + row[P_OW]]
 
 
 @jit

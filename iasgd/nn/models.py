@@ -266,6 +266,26 @@ class Plan:
     argmax_size: int
 
 
+# Which passes of a 3x3 or 5x5 conv run as BLAS GEMMs rather than the direct
+# kernels: the input gradient from 32 output channels on. Measured
+# single-threaded, GFLOP/s of the whole pass (im2col/col2im included), direct
+# vs GEMM, b = 16: input gradient 32 -> 64 3x3 (vgg-small): 45 vs 59, 6 -> 16
+# 5x5 (LeNet-5): 34 vs 31; weight gradient 67 vs 53 and 46 vs 25; forward 49 vs
+# 46 and 38 vs 17; the convs from 3 channels (3 -> 6 5x5, 3 -> 32 3x3) are
+# direct in every pass by a factor of 1.2-7.
+GEMM_INPUT_MIN_CHANNELS = 32
+
+
+def conv_gemm(k: int, out: int, needs_input_grad: bool) -> int:
+    """The GEMM bits (kernels.GEMM_*) of a k x k conv with `out` channels:
+    other sizes than 3x3 and 5x5 run every pass as GEMMs."""
+    if k not in (3, 5):
+        return K.GEMM_ALL
+    if needs_input_grad and out >= GEMM_INPUT_MIN_CHANNELS:
+        return K.GEMM_INPUT
+    return 0
+
+
 def activation_plan(arch: Architecture, layout: list, capacity: int) -> Plan:
     """Lower the layers to kernel ops and lay out the activations of `capacity`
     samples in one flat workspace.
@@ -273,8 +293,10 @@ def activation_plan(arch: Architecture, layout: list, capacity: int) -> Plan:
     The input occupies acts[: capacity * C*H*W]; each op's output follows. What
     the lowering does, for speed with the same math: a ReLU right before a pool
     or right after a dense layer is fused into it (max and ReLU commute), a
-    "same" conv is a pad op and a valid conv, a ReLU works in place, and a
-    flatten of a map without junk columns costs nothing.
+    "same" conv is a pad op and a valid conv (right after a pool, no pad op:
+    the pool writes inside the zero border), a ReLU works in place, and a
+    flatten of a map without junk columns costs nothing. Convs that run a pass
+    as a GEMM (`conv_gemm`) share one sample's scratch after the activations.
     """
     offsets = {name: off for name, _, off in layout}
     shapes = layer_shapes(arch)
@@ -284,6 +306,8 @@ def activation_plan(arch: Architecture, layout: list, capacity: int) -> Plan:
     acts = capacity * c * h * w
     x_off, argmax = 0, 0
     has_params = False  # an op before this one has parameters: it needs a backward
+    padded = False  # the map has the next conv's zero border already (a pool wrote it)
+    scratch = 0  # floats of per-sample scratch that the GEMM convs share
     rows: list[list[int]] = []
 
     def emit(op: int, co: int, oh: int, ow: int, os_: int, z_off: int, **extra: int) -> None:
@@ -306,7 +330,7 @@ def activation_plan(arch: Architecture, layout: list, capacity: int) -> Plan:
         ls = shapes[i]
         layer = ls.layer
         if isinstance(layer, Conv):
-            if layer.padding == "same" and layer.k > 1:
+            if layer.padding == "same" and layer.k > 1 and not padded:
                 p = (layer.k - 1) // 2
                 ph, pw = h + 2 * p, w + 2 * p
                 z = alloc(c * ph * pw)
@@ -314,19 +338,29 @@ def activation_plan(arch: Architecture, layout: list, capacity: int) -> Plan:
                 x_off, h, w, s = z, ph, pw, pw
             oh, ow = h - layer.k + 1, w - layer.k + 1
             z = alloc(layer.out * oh * s)  # wide rows: the input's stride
+            gemm = conv_gemm(layer.k, layer.out, has_params)
+            ckk = c * layer.k * layer.k
+            if gemm:  # the column matrix, and two (C*k*k, out) weight gradients
+                scratch = max(scratch, ckk * oh * s + 2 * ckk * layer.out)
             emit(K.OP_CONV, layer.out, oh, ow, s, z, K=layer.k,
-                 WOFF=offsets[f"{ls.name}.weight"], BOFF=offsets[f"{ls.name}.bias"])
+                 WOFF=offsets[f"{ls.name}.weight"], BOFF=offsets[f"{ls.name}.bias"],
+                 GEMM=gemm)
             has_params = True
             x_off, (c, h, w) = z, (layer.out, oh, ow)
+            padded = False
         elif isinstance(layer, Pool) or (isinstance(layer, ReLU) and i + 1 < len(shapes)
                                          and isinstance(shapes[i + 1].layer, Pool)):
             relu = isinstance(layer, ReLU)
             i += relu  # ReLU + pool, fused
             ph, pw = h // 2, w // 2
-            z = alloc(c * ph * pw)
-            emit(K.OP_POOL, c, ph, pw, pw, z, AOFF=argmax, RELU=int(relu))
+            nxt = shapes[i + 1].layer if i + 1 < len(shapes) else None
+            # the padding of a "same" conv right after: the pool writes inside it
+            b = (nxt.k - 1) // 2 if isinstance(nxt, Conv) and nxt.padding == "same" else 0
+            z = alloc(c * (ph + 2 * b) * (pw + 2 * b))
+            emit(K.OP_POOL, c, ph, pw, pw + 2 * b, z, AOFF=argmax, RELU=int(relu), K=b)
             argmax += capacity * c * ph * pw
-            x_off, h, w, s = z, ph, pw, pw
+            x_off, h, w = z, ph + 2 * b, pw + 2 * b
+            s, padded = w, b > 0
         elif isinstance(layer, ReLU) and rows and rows[-1][K.P_OP] == K.OP_DENSE \
                 and not rows[-1][K.P_RELU]:
             rows[-1][K.P_RELU] = 1  # dense + ReLU, fused
@@ -348,6 +382,11 @@ def activation_plan(arch: Architecture, layout: list, capacity: int) -> Plan:
                 has_params = True
                 x_off, c = z, out
         i += 1
+    if scratch:  # after the activations, once (the convs use it one sample at a time)
+        for row in rows:
+            if row[K.P_OP] == K.OP_CONV and row[K.P_GEMM]:
+                row[K.P_COFF] = acts
+        acts += scratch
     table = np.array(rows, dtype=np.int64).reshape(-1, K.PLAN_COLUMNS)
     return Plan(table, acts, max(argmax, 1))
 

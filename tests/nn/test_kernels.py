@@ -17,6 +17,7 @@ from reference import (
 )
 
 from iasgd.nn import kernels as K
+from iasgd.nn.blas import single_threaded_blas
 
 FWD_RTOL = 1e-5  # float32 kernels vs float64 references, relative to the max
 FD_RTOL = 1e-6   # float64 kernels vs central differences
@@ -285,7 +286,7 @@ any_conv_shapes = st.tuples(
     st.integers(1, 2),  # N
     st.integers(1, 6),  # C (the 3x3 kernels take 4 at a time: remainders too)
     st.integers(1, 6),  # O
-    st.sampled_from([1, 3, 5, 7]),  # k
+    st.sampled_from([1, 3, 5, 7]),  # k (the direct path maps 1 -> 3, 7 -> 5)
     st.integers(0, 5),  # H - k
     st.integers(0, 5),  # W - k
     st.integers(0, 3),  # junk columns: the input's row stride S = W + junk
@@ -304,22 +305,58 @@ def any_conv_case(shape, dtype):
     return rng, x, w, b, W
 
 
+CONV_PATHS = ["direct", "gemm"]  # the 3x3/5x5 kernels, im2col + BLAS GEMM (any k)
+
+
+def path_shape(path, shape):
+    """The direct kernels take k = 3 and 5 only: map 1 -> 3 and 7 -> 5 there."""
+    if path == "direct":
+        N, C, O, k, *rest = shape
+        return (N, C, O, {1: 3, 7: 5}.get(k, k), *rest)
+    return shape
+
+
+def conv_forward(path, x, w, b, out, W):
+    if path == "direct":
+        K.conv_forward(x, w, b, out, W)
+        return
+    _, C, H, S = x.shape
+    O, _, k, _ = w.shape
+    col = np.full((C * k * k, (H - k + 1) * S), np.nan, x.dtype)  # all of it written
+    K.conv_forward_gemm(x, w.reshape(O, -1), b, out, W, col)
+
+
+def conv_backward(path, x, w, dout, dw, db, dx, W):
+    if path == "direct":
+        K.conv_backward_weights(x, dout, dw, db, W)
+        K.conv_backward_input(w, dout, dx, W)
+        return
+    _, C, H, S = x.shape
+    O, _, k, _ = w.shape
+    col = np.full((C * k * k, (H - k + 1) * S), np.nan, x.dtype)
+    acc, tmp = (np.full((C * k * k, O), np.nan, x.dtype) for _ in range(2))
+    K.conv_backward_weights_gemm(x, dout, dw.reshape(O, -1), db, W, col, acc, tmp)
+    K.conv_backward_input_gemm(w.reshape(O, -1), dout, dx, W, col)
+
+
+@pytest.mark.parametrize("path", CONV_PATHS)
 @SHAPES
 @given(any_conv_shapes)
-def test_conv_forward_any_kernel_on_wide_input_matches_scipy(shape):
-    _, x, w, b, W = any_conv_case(shape, np.float32)
+def test_conv_forward_any_kernel_on_wide_input_matches_scipy(path, shape):
+    _, x, w, b, W = any_conv_case(path_shape(path, shape), np.float32)
     N, _, H, S = x.shape
     k = w.shape[2]
     out = np.full((N, w.shape[0], (H - k + 1) * S), np.nan, np.float32)
-    K.conv_forward(x, w, b, out, W)
+    conv_forward(path, x, w, b, out, W)
     got = out.reshape(N, -1, H - k + 1, S)[..., : W - k + 1]
     assert rel_err(got, conv2d_valid(x[..., :W], w, b)) < FWD_RTOL
 
 
+@pytest.mark.parametrize("path", CONV_PATHS)
 @SHAPES
 @given(any_conv_shapes)
-def test_conv_backward_any_kernel_matches_finite_differences(shape):
-    rng, x, w, b, W = any_conv_case(shape, np.float64)
+def test_conv_backward_any_kernel_matches_finite_differences(path, shape):
+    rng, x, w, b, W = any_conv_case(path_shape(path, shape), np.float64)
     N, C, H, S = x.shape
     O, _, k, _ = w.shape
     OH, OW = H - k + 1, W - k + 1
@@ -330,12 +367,11 @@ def test_conv_backward_any_kernel_matches_finite_differences(shape):
     out = np.zeros((N, O, OH * S))
 
     def loss(_):
-        K.conv_forward(x, w, b, out, W)
+        conv_forward(path, x, w, b, out, W)
         return float(np.sum(R * out.reshape(N, O, OH, S)[..., :OW]))
 
     dw, db, dx = np.zeros_like(w), np.zeros_like(b), np.full_like(x, np.nan)
-    K.conv_backward_weights(x, Rw, dw, db, W)
-    K.conv_backward_input(w, Rw, dx, W)
+    conv_backward(path, x, w, Rw, dw, db, dx, W)
     for arr, grad in ((w, dw), (b, db)):
         for i in rng.choice(arr.size, min(arr.size, 6), replace=False):
             fd = central_difference(loss, arr, i)
@@ -404,3 +440,13 @@ def test_maxpool2_without_relu_forward_and_backward(shape):
 
     for i in rng.choice(zw.size, min(zw.size, 12), replace=False):
         assert abs(central_difference(loss, zw, i) - dz.flat[i]) < 1e-6
+
+
+def test_single_threaded_blas_limits_the_blas_the_kernels_call():
+    """numba's np.dot calls scipy's OpenBLAS: inside the context it (and any
+    other BLAS loaded) runs one thread; the limits come back after."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    with single_threaded_blas():
+        blas = [i for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"]
+        assert any("scipy" in i["filepath"] and "64_" not in i["filepath"] for i in blas)
+        assert all(i["num_threads"] == 1 for i in blas)

@@ -75,6 +75,10 @@ SMALL_MODELS = {
                                               input_shape=(1, 5, 4), num_classes=2),
     "spec-pool-first": lambda: models.build("pool,conv2k7s,relu,pool,dense",
                                             input_shape=(3, 8, 9), num_classes=4),
+    # pools that write inside the next conv's zero border (odd sizes, 3x3 and
+    # 5x5 direct kernels), a pool after a valid conv's wide rows
+    "spec-pool-padding": lambda: models.build("conv3k3,relu,pool,conv4k5s,pool,conv2k3s,dense",
+                                              input_shape=(2, 13, 11), num_classes=3),
 }
 
 
@@ -215,11 +219,22 @@ def test_plan_fuses_relus_and_skips_free_flattens():
     ops = [K.OP_NAMES[row[K.P_OP]] for row in models.build("lenet", "cifar10").workspace(2).plan]
     assert ops == ["conv", "pool", "conv", "pool", "dense", "dense"]
     plan = models.build("vgg-small", "cifar10").workspace(2).plan
+    # the second conv's padding: the first pool writes inside a zero border
     assert [K.OP_NAMES[op] for op in plan[:, K.P_OP]] == [
-        "pad", "conv", "pool", "pad", "conv", "pool", "dense", "dense"]
-    assert plan[:, K.P_RELU].tolist() == [0, 0, 1, 0, 0, 1, 1, 0]
+        "pad", "conv", "pool", "conv", "pool", "dense", "dense"]
+    assert plan[2, K.P_K] == 1 and plan[2, K.P_OS] == 18 and plan[3, K.P_S] == 18
+    assert plan[:, K.P_RELU].tolist() == [0, 0, 1, 0, 1, 1, 0]
     # nothing before the first conv needs a gradient
-    assert plan[:, K.P_GRAD].tolist() == [0, 0, 1, 1, 1, 1, 1, 1]
+    assert plan[:, K.P_GRAD].tolist() == [0, 0, 1, 1, 1, 1, 1]
+    # the 64-channel conv's input gradient is a GEMM, with its scratch last
+    assert plan[:, K.P_GEMM].tolist() == [0, 0, 0, K.GEMM_INPUT, 0, 0, 0]
+    assert plan[3, K.P_COFF] == models.build("vgg-small", "cifar10").workspace(2).acts_size \
+        - (32 * 9 * 16 * 18 + 2 * 32 * 9 * 64)
+    # a kernel size without direct kernels runs every pass as GEMMs
+    plan = models.build("conv4k7s,relu,conv3k1,dense", "cifar10").workspace(2).plan
+    assert plan[plan[:, K.P_OP] == K.OP_CONV, K.P_GEMM].tolist() == [K.GEMM_ALL] * 2
+    plan = models.build("lenet", "cifar10").workspace(2).plan
+    assert plan[plan[:, K.P_OP] == K.OP_CONV, K.P_GEMM].tolist() == [0, 0]
     plan = models.build("conv3k3s,relu,dense", "cifar10").workspace(2).plan
     assert [K.OP_NAMES[op] for op in plan[:, K.P_OP]] == [
         "pad", "conv", "relu", "flatten", "dense"]
