@@ -5,9 +5,10 @@
 
 Each measurement is a new Python process that imports iasgd, loads the data,
 builds the model and trains until the first progress report (the first chunk
-of steps applied); the parent clocks it from before the process starts. "cold"
-runs with an empty numba cache (a fresh NUMBA_CACHE_DIR), "warm" with the one
-the cold run just filled. The child also prints when its imports, its data and
+of steps applied, or the end of the epoch if that comes first); the parent
+clocks it from before the process starts. "cold" runs with an empty numba
+cache (a fresh NUMBA_CACHE_DIR), "warm" with the one the cold run just
+filled. The child also prints when its imports, its data and
 its kernels (the moment the clock of the first epoch starts) were ready, so
 the time of each phase shows. Run it on a quiet machine: it measures seconds.
 """
@@ -49,7 +50,8 @@ hooks = iasgd.Hooks(on_epoch_start=epoch_start, on_progress=progress, should_sto
 cfg = iasgd.TrainConfig(algo=args["algo"], threads=args["threads"], epochs=1,
                         eval_every=0)
 iasgd.train(model, data, cfg, hooks)
-marks["first_step"] = first["step"]
+# an epoch that ends before its first progress report: its end bounds the first step
+marks["first_step"] = first.get("step", time.time() - t0)
 print("COLDSTART", json.dumps(marks))
 """
 

@@ -12,7 +12,9 @@ seeds) and, for every algorithm both have at --threads, compares:
   distributions (half the summed absolute difference of the probabilities:
   0 is identical, 1 disjoint);
 - the test accuracy at each epoch end (mean over seeds) over the epochs both
-  reached: the largest and the mean absolute difference, in points.
+  reached: the largest and the mean absolute difference, in points;
+- where both sweeps have --eval-every evaluations, the same at each
+  evaluation point (by applied updates) both reached.
 
 Prints a Markdown table and writes <name>.json, <name>.md and, with
 matplotlib, <name>.png (staleness CDFs and accuracy per epoch).
@@ -81,12 +83,23 @@ def accuracy_per_epoch(runs: list[dict]) -> list[float]:
     return [statistics.mean(r["curve"][e][1] for r in runs) for e in range(epochs)]
 
 
+def accuracy_per_eval(runs: list[dict]) -> dict[int, float]:
+    """{applied: mean test accuracy over runs} at the evaluation points every
+    run has (none where a run has no evals)."""
+    by_run = [{int(a): acc for _, a, acc in r.get("evals") or []} for r in runs]
+    common = set.intersection(*(set(b) for b in by_run)) if by_run else set()
+    return {a: statistics.mean(b[a] for b in by_run) for a in sorted(common)}
+
+
 def compare(real: list[dict], simulated: list[dict]) -> dict:
     """The agreement of one algorithm's real and simulated runs."""
     real_hist, sim_hist = pooled_hist(real), pooled_hist(simulated)
     real_acc, sim_acc = accuracy_per_epoch(real), accuracy_per_epoch(simulated)
     epochs = min(len(real_acc), len(sim_acc))
     diff = [abs(a - b) for a, b in zip(real_acc[:epochs], sim_acc[:epochs], strict=True)]
+    real_ev, sim_ev = accuracy_per_eval(real), accuracy_per_eval(simulated)
+    points = sorted(set(real_ev) & set(sim_ev))
+    ev_diff = [abs(real_ev[a] - sim_ev[a]) for a in points]
     return {"seeds": [len(real), len(simulated)],
             "staleness": {"real": staleness_facts(real_hist),
                           "simulated": staleness_facts(sim_hist),
@@ -95,6 +108,11 @@ def compare(real: list[dict], simulated: list[dict]) -> dict:
                                    "epochs": epochs,
                                    "max_abs_diff": max(diff) if diff else None,
                                    "mean_abs_diff": statistics.mean(diff) if diff else None},
+            "accuracy_per_eval": {"points": points, "real": [real_ev[a] for a in points],
+                                  "simulated": [sim_ev[a] for a in points],
+                                  "max_abs_diff": max(ev_diff) if ev_diff else None,
+                                  "mean_abs_diff": statistics.mean(ev_diff) if ev_diff
+                                  else None},
             "samples_per_s": {"real": statistics.median(r["samples_per_s"] for r in real),
                               "simulated": statistics.median(r["samples_per_s"]
                                                              for r in simulated)}}
@@ -103,8 +121,9 @@ def compare(real: list[dict], simulated: list[dict]) -> dict:
 def table(comparison: dict[str, dict], threads: int) -> str:
     lines = [f"Real threads against the simulator at {threads} threads (real / simulated)", "",
              "| algorithm | seeds | mean tau | median | p90 | p99 | max | TV distance | "
-             "epochs | acc at last epoch | max / mean abs acc diff | samples/s |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "epochs | acc at last epoch | max / mean abs acc diff | evals: max / mean | "
+             "samples/s |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for algo, c in comparison.items():
         r, s = c["staleness"]["real"], c["staleness"]["simulated"]
         acc = c["accuracy_per_epoch"]
@@ -112,12 +131,15 @@ def table(comparison: dict[str, dict], threads: int) -> str:
                 if acc["epochs"] else "-")
         diffs = (f"{100 * acc['max_abs_diff']:.1f} / {100 * acc['mean_abs_diff']:.1f} pt"
                  if acc["epochs"] else "-")
+        ev = c["accuracy_per_eval"]
+        ev_diffs = (f"{100 * ev['max_abs_diff']:.1f} / {100 * ev['mean_abs_diff']:.1f} pt "
+                    f"({len(ev['points'])})" if ev["points"] else "-")
         rate = c["samples_per_s"]
         lines.append(
             f"| {algo} | {c['seeds'][0]} / {c['seeds'][1]} | {r['mean']:.1f} / {s['mean']:.1f} "
             f"| {r['p50']} / {s['p50']} | {r['p90']} / {s['p90']} | {r['p99']} / {s['p99']} "
             f"| {r['max']} / {s['max']} | {c['staleness']['total_variation']:.2f} "
-            f"| {acc['epochs']} | {last} | {diffs} "
+            f"| {acc['epochs']} | {last} | {diffs} | {ev_diffs} "
             f"| {rate['real']:,.0f} / {rate['simulated']:,.0f} |")
     return "\n".join(lines)
 

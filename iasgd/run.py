@@ -104,6 +104,20 @@ class RunOptions:
         None, "lognormal step times with this spread around the measured mean",
         group=SIMULATION, metavar="SIGMA", parse=O.positive_float,
         default_text="draw from measured single-thread step times")
+    sim_quantum: float = option(
+        0.004, "simulated time slice of a worker when workers share cores (Linux at HZ=250: "
+               "a tick)", group=SIMULATION, metavar="SECONDS", parse=O.positive_float)
+    sim_contention: float = option(
+        0.0, "each other busy core makes a simulated step this much longer (a fraction; "
+             "bench/contention.py measures it)", group=SIMULATION, metavar="C",
+        parse=O.unit_float)
+    sim_switch: float | None = option(
+        None, "CPU seconds a time-sliced simulated worker loses when it resumes a step its "
+              "time slice cut (cold caches; bench/contention.py fits it)", group=SIMULATION,
+        metavar="SECONDS", parse=O.positive_float, default_text="none")
+    sim_snapshot_reads: bool = option(
+        False, "simulated hogwild and interval steps read a snapshot of the parameters when "
+               "they begin, instead of the shared array as they compute", group=SIMULATION)
     address: str | None = option(
         None, "ray: the cluster to join (auto: the one this machine belongs to)", group=CLUSTER,
         metavar="HOST:PORT", default_text="start a local Ray with --nodes node actors")
@@ -227,9 +241,6 @@ def check_options(args: argparse.Namespace) -> None:
     if args.simulate and args.algo not in sim.SIMULATED_ALGOS:
         raise UsageError(f"--simulate covers --algo {', '.join(sim.SIMULATED_ALGOS)}; "
                          f"--algo {args.algo} runs one thread, so run it for real")
-    if args.simulate and args.eval_every:
-        raise UsageError("--eval-every is not simulated (simulated runs evaluate at epoch "
-                         "ends, which cost no simulated time); drop --eval-every")
     if args.backend == "ray":
         _check_ray(args)
     elif args.address is not None:
@@ -558,12 +569,17 @@ def simulate_and_report(args: argparse.Namespace, model: models.Model, data: dat
         how = f"lognormal, mean {1e3 * measured.mean():.2f} ms, spread {args.sim_step_spread}"
     cores = args.sim_cores or args.threads
     display.say(f"SIMULATED: {args.threads} workers on {cores} cores, step times {how}")
-    result = sim.simulate(model, data, train_config(args), step_time, cores=cores, init=init)
+    read_s, apply_s = sim.measure_sections(model)
+    costs = sim.Costs(contention=args.sim_contention, switch_s=args.sim_switch or 0.0,
+                      read_s=read_s, apply_s=apply_s, live_reads=not args.sim_snapshot_reads)
+    result = sim.simulate(model, data, train_config(args), step_time, cores=cores,
+                          quantum=args.sim_quantum, init=init, costs=costs)
     for record in result.epochs:
         display.epoch_end(record)
     document = results.results_document(run_config(args), result, model.num_params)
     document["simulated"] = {"cores": cores, "step_times": how,
                              "step_time_mean_s": float(measured.mean()),
+                             "quantum_s": args.sim_quantum, "costs": dataclasses.asdict(costs),
                              "note": "wall times and throughput are simulated, not measured"}
     files.write_json_atomic(args.out, document)
     report(display, document, args.out)

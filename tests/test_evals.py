@@ -1,7 +1,7 @@
 """Evaluation every N applied updates (TrainConfig.eval_every): the sequential
 runner stays bit-identical, the threads executor evaluates at each boundary
-outside the training clock, a resumed run keeps its evals, and the simulator
-refuses the knob in one line."""
+outside the training clock and a resumed run keeps its evals (the
+simulator's: tests/executors/test_sim_fidelity.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from test_checkpoints import interrupted_then_resumed
 
 from iasgd import config, engine, results
 from iasgd import data as datasets
-from iasgd.executors import simulated as sim
 from iasgd.nn import models
 
 N_TRAIN = 2000
@@ -99,9 +98,3 @@ def test_a_resumed_run_keeps_its_evals_and_goes_on_at_the_boundaries(synthetic, 
         whole = engine.train(lenet, synthetic, cfg)
         assert resumed.params.tobytes() == whole.params.tobytes()
         assert [e[1:] for e in resumed.evals] == [e[1:] for e in whole.evals]
-
-
-def test_simulator_refuses_eval_every(synthetic, lenet):
-    cfg = engine.TrainConfig(algo="hogwild", threads=4, epochs=1, eval_every=10)
-    with pytest.raises(engine.ConfigError, match="eval_every"):
-        sim.simulate(lenet, synthetic, cfg, lambda rng: 0.001)

@@ -11,14 +11,20 @@ saved.
         record_epoch                 evaluate, append the record, on_epoch_end
         diverged or out of time      -> return
         next_epoch; checkpoint every `checkpoint_every` epochs and after the last
+
+Inside an epoch, `--eval-every N` cuts the updates into chunks that end at
+each multiple of N (applied since the start of the run): `train_in_chunks`
+runs them and evaluates at each boundary reached, for every executor that
+allows updates in allowances (threads, the simulator).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Protocol
 
-from iasgd.config import TrainConfig
+from iasgd.config import TrainConfig, eval_points
 from iasgd.results import Hooks, RunResult, Snapshot, Status
 
 # How a run may end an epoch and still record it; any other status is a stop.
@@ -75,6 +81,26 @@ def run_epochs(ex: Executor, hooks: Hooks, checkpoint_every: int = 0) -> RunResu
             _save(ex, hooks)
     ex.finish()
     return r
+
+
+def train_in_chunks(done: Callable[[], int], end: int, every: int,
+                    run_until: Callable[[int], None], stopped: Callable[[], bool],
+                    out_of_time: Callable[[], bool], evaluate: Callable[[], bool]) -> None:
+    """Train to `end` updates (applied since the start of the run) in the
+    chunks `eval_every` makes: run_until(limit) allows updates up to each
+    boundary and returns once they are written or the run stopped. A
+    boundary reached is evaluated (evaluate(); False: the parameters
+    diverged) even if a stop came with it, since a resume goes on after it,
+    but not when the time budget ran out there (out_of_time()): the cut
+    epoch's record is that evaluation. Stops at the first of: `end`, a stop
+    (stopped()), a failed evaluation."""
+    for limit in eval_points(done(), end, every):
+        run_until(limit)
+        if limit == end:
+            return
+        reached = done() == limit and not out_of_time()
+        if (reached and not evaluate()) or stopped():
+            return
 
 
 def _save(ex: Executor, hooks: Hooks) -> None:

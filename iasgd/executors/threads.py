@@ -24,11 +24,12 @@ import numpy as np
 
 from iasgd.algorithms import ALGORITHMS
 from iasgd.checkpoints import check_fits
-from iasgd.config import TrainConfig, eval_points, steps_per_epoch
+from iasgd.config import TrainConfig, steps_per_epoch
 from iasgd.data import Dataset
 from iasgd.executors.arrays import WorkerArrays
-from iasgd.executors.epochs import TrainingClock, run_epochs
+from iasgd.executors.epochs import TrainingClock, run_epochs, train_in_chunks
 from iasgd.nn import kernels as K
+from iasgd.nn.blas import single_threaded_blas
 from iasgd.nn.models import Model
 from iasgd.protocol import gate as G
 from iasgd.protocol import workers as W
@@ -220,12 +221,13 @@ class ThreadedRun:
         return Snapshot(arrays, meta)
 
     def run(self, hooks: Hooks, checkpoint_every: int = 0) -> RunResult:
-        self.team.warm_up()
-        self.team.start(self.segment)
-        try:
-            result = run_epochs(self, hooks, checkpoint_every)
-        finally:
-            self.team.join()
+        with single_threaded_blas():  # the kernels' GEMMs: one core per worker thread
+            self.team.warm_up()
+            self.team.start(self.segment)
+            try:
+                result = run_epochs(self, hooks, checkpoint_every)
+            finally:
+                self.team.join()
         self.finish()
         return result
 
@@ -241,19 +243,13 @@ class ThreadedRun:
         if cfg.time_budget is not None:  # the workers stop themselves on time
             spent = r.train_time_s + self._clock.elapsed()
             team.state[G.DEADLINE] = time.monotonic_ns() + int((cfg.time_budget - spent) * 1e9)
-        end = self.epoch * self.quota
-        for limit in eval_points(int(team.state[G.DONE]), end, cfg.eval_every):
-            team.run_until(limit, self._tick)
-            if limit == end:
-                break
-            # a boundary reached is evaluated even if a stop came with it (a
-            # resume goes on after it), but not when the budget ran out there:
-            # the cut epoch's record is that evaluation
-            reached = (int(team.state[G.DONE]) == limit and not team.state[G.EXPIRED]
-                       and self._reason != Status.TIME_BUDGET)
-            if (reached and not self._evaluate_inside_epoch()) or self._reason \
-                    or G.stopped(team.state):
-                break
+        train_in_chunks(
+            lambda: int(team.state[G.DONE]), self.epoch * self.quota, cfg.eval_every,
+            run_until=lambda limit: team.run_until(limit, self._tick),
+            stopped=lambda: bool(self._reason) or G.stopped(team.state),
+            out_of_time=lambda: bool(team.state[G.EXPIRED])
+            or self._reason == Status.TIME_BUDGET,
+            evaluate=self._evaluate_inside_epoch)
         self.epoch_time = self._clock.elapsed()
         if team.state[G.EXPIRED] and not self._reason:
             self._reason = Status.TIME_BUDGET

@@ -207,8 +207,9 @@ def test_time_to_target_reads_the_evals_between_epoch_ends():
 def sweep_files() -> list[Path]:
     """The committed results of bench/scaling.py (finished or partial), not
     those of the other benchmarks."""
-    return [p for p in sorted(RESULTS.glob("*.json"))
-            if "algos" in json.loads(p.read_text()).get("options", {})]
+    docs = {p: json.loads(p.read_text()) for p in sorted(RESULTS.glob("*.json"))}
+    return [p for p, doc in docs.items()
+            if "runs" in doc and "algos" in doc.get("options", {})]
 
 
 @pytest.mark.parametrize("path", sweep_files(), ids=lambda p: p.stem)
