@@ -98,6 +98,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "thread, nothing to simulate) is skipped")
     p.add_argument("--sim-cores", type=int, default=None,
                    help="cores the simulated workers share (default: one each)")
+    p.add_argument("--sim-step-ms", type=float, default=None, metavar="MS",
+                   help="simulated: mean single-thread step time, lognormal with "
+                        "--sim-step-spread (default: drawn from 200 steps measured at the "
+                        "start, which a busy machine inflates)")
+    p.add_argument("--sim-step-spread", type=float, default=0.1, metavar="SIGMA",
+                   help="simulated: spread (sigma of log-time) of --sim-step-ms's steps")
+    p.add_argument("--sim-contention", type=float, default=0.0, metavar="C",
+                   help="simulated: each other busy core makes a step this much longer "
+                        "(docs/simulator.md, 'Contention, calibrated')")
+    p.add_argument("--sim-switch", type=float, default=0.0, metavar="SECONDS",
+                   help="simulated: CPU seconds a time-sliced worker loses resuming a cut step")
     p.add_argument("--max-foreign", type=float, default=None, metavar="SHARE",
                    help="share of the machine's CPUs other processes may use during a real "
                         "run before it is run again (default 0.05; off with --quick and "
@@ -118,9 +129,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.targets = args.targets or [0.5]
     if args.eval_every < 0:
         p.error(f"--eval-every must be >= 0, got {args.eval_every}")
-    if args.simulate and args.eval_every:
-        p.error("--eval-every is not simulated (simulated runs evaluate at epoch ends, at no "
-                "simulated cost); drop it")
+    if args.sim_contention < 0 or args.sim_switch < 0 or args.sim_step_spread < 0:
+        p.error("--sim-contention, --sim-switch and --sim-step-spread must be >= 0")
+    if args.sim_step_ms is not None and not args.sim_step_ms > 0:
+        p.error(f"--sim-step-ms must be > 0, got {args.sim_step_ms}")
     try:
         model = models.build(args.model, "synthetic" if args.quick else args.dataset)
     except ValueError as e:
@@ -228,12 +240,12 @@ def run_one(model, data, cfg: engine.TrainConfig, targets: list[float],
             simulation=None) -> dict:
     """One run's figures: throughput, staleness, accuracy over time (at
     epoch ends, and every eval_every updates in `evals`), time to each
-    target. simulation: (step_time, cores) to simulate instead of running."""
+    target. simulation: (step_time, cores, costs) to simulate instead of running."""
     if simulation is None:
         result = engine.train(model, data, cfg)
     else:
-        step_time, cores = simulation
-        result = sim.simulate(model, data, cfg, step_time, cores=cores)
+        step_time, cores, costs = simulation
+        result = sim.simulate(model, data, cfg, step_time, cores=cores, costs=costs)
     doc = results.results_document({}, result, model.num_params)
     run = {
         "lr": cfg.lr,
@@ -262,9 +274,20 @@ def accuracy_points(run: dict) -> list[list[float]]:
 
 
 def score(run: dict, targets: list[float]) -> None:
-    """Set run["time_to_target_s"]: {target: seconds or None}."""
+    """Set run["time_to_target_s"]: {target: seconds or None}, and with
+    evals run["updates_to_target"]: {target: applied updates or None}."""
     points = accuracy_points(run)
     run["time_to_target_s"] = {key(t): time_to_target(points, t) for t in targets}
+    if run.get("evals"):
+        by_update = [[applied, acc] for _, applied, acc in run["evals"]]
+        run["updates_to_target"] = {key(t): time_to_target(by_update, t) for t in targets}
+
+
+def mean_and_std(values: list[float | None]) -> list[float] | None:
+    """[mean, population std] of the values; None unless every one is known."""
+    if not values or any(v is None for v in values):
+        return None
+    return [statistics.mean(values), statistics.pstdev(values)]
 
 
 def time_to_target(curve: list[list[float]], target: float) -> float | None:
@@ -278,19 +301,20 @@ def summarise(runs: list[dict], targets: list[float]) -> dict:
     """Median/min/max throughput, mean staleness, time to each target (mean
     and std over the seeds, None unless every seed reached it) over seeds."""
     rates = [r["samples_per_s"] for r in runs]
-    ttt, reached = {}, {}
+    ttt, reached, updates = {}, {}, {}
     for t in targets:
-        times = [r["time_to_target_s"][key(t)] for r in runs
-                 if r["time_to_target_s"][key(t)] is not None]
-        ttt[key(t)] = ([statistics.mean(times), statistics.pstdev(times)]
-                       if len(times) == len(runs) else None)
-        reached[key(t)] = len(times)
+        times = [r["time_to_target_s"][key(t)] for r in runs]
+        ttt[key(t)] = mean_and_std(times)
+        reached[key(t)] = sum(x is not None for x in times)
+        updates[key(t)] = mean_and_std([r.get("updates_to_target", {}).get(key(t))
+                                        for r in runs])
     return {
         "samples_per_s": [statistics.median(rates), min(rates), max(rates)],
         "staleness_mean": statistics.mean(r["staleness_mean"] for r in runs),
         "staleness_max": max(r["staleness_max"] for r in runs),
         "acceptance_rate": statistics.mean(r["acceptance_rate"] for r in runs),
         "time_to_target_s": ttt,
+        "updates_to_target": updates,
         "reached": reached,
         "final_accuracy": statistics.mean(r["final_accuracy"] or 0.0 for r in runs),
         "diverged": sum(r.get("status") == "diverged" for r in runs),
@@ -311,8 +335,9 @@ def table(summary: dict, args: argparse.Namespace) -> str:
             if len(summary) > 1 or len(args.targets) > 1:
                 lines += [f"**lr {lr}, time to {100 * target:.0f}%**", ""]
             lines += ["| algorithm | n | samples/s median (min-max) | mean tau | max tau | "
-                      f"accepted | time to {100 * target:.0f}% (s) | vs async | acc at budget |",
-                      "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                      f"accepted | time to {100 * target:.0f}% (s) | updates to it (k) | "
+                      "vs async | acc at budget |",
+                      "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
             for algo, by_n in by_algo.items():
                 for n, s in by_n.items():
                     med, lo, hi = s["samples_per_s"]
@@ -322,17 +347,15 @@ def table(summary: dict, args: argparse.Namespace) -> str:
                     base = by_algo.get("async", {}).get(n, {}).get("time_to_target_s", {})
                     base = base.get(t) if base else None
                     ratio = f"{ttt[0] / base[0]:.2f}" if ttt and base else "-"
+                    upd = s.get("updates_to_target", {}).get(t)
+                    upd_text = f"{upd[0] / 1e3:.1f} ± {upd[1] / 1e3:.1f}" if upd else "-"
                     diverged = f" ({s['diverged']} diverged)" if s.get("diverged") else ""
                     lines.append(f"| {algo} | {n} | {med:,.0f} ({lo:,.0f}-{hi:,.0f}) | "
                                  f"{s['staleness_mean']:.2f} | {s['staleness_max']} | "
-                                 f"{100 * s['acceptance_rate']:.0f}% | {ttt_text} | {ratio} | "
-                                 f"{100 * s['final_accuracy']:.1f}%{diverged} |")
+                                 f"{100 * s['acceptance_rate']:.0f}% | {ttt_text} | {upd_text} | "
+                                 f"{ratio} | {100 * s['final_accuracy']:.1f}%{diverged} |")
             blocks.append("\n".join(lines))
     return "\n\n".join(blocks)
-
-
-HEADLINE_COLUMNS = ("interval", "interval-y64", "interval-decay", "interval-probe",
-                    "hogwild", "async")
 
 
 def is_interval(algo: str) -> bool:
@@ -351,21 +374,34 @@ def fastest(by_algo: dict, n: int, target: str,
     return algo, seconds
 
 
+def headline_columns(by_algo: dict) -> list[str]:
+    """The headline's algorithms: the interval variants, then the baselines
+    (sequential, one thread, is the floor's business, not a column)."""
+    algos = [a for a in by_algo if a != "sequential"]
+    return [a for a in algos if is_interval(a)] + [a for a in algos if not is_interval(a)]
+
+
 def headline(summary: dict, args: argparse.Namespace) -> tuple[list[dict], str]:
     """The comparison the sweep is for: per (lr, threads > 1, target), the
-    mean ± std time to target of the interval variants, Hogwild! and async,
-    the fastest baseline (every algorithm other than interval and
-    sequential) and the fastest interval variant's time divided by it.
+    mean ± std time to target of every parallel variant, the fastest
+    baseline (every algorithm other than interval and sequential), the
+    fastest interval variant's time divided by it and by Hogwild!'s, and,
+    when the sweep has 2 threads, by the floor: the fastest 2-thread time of
+    any variant (with 2 cores, what more threads can at best match).
     Returns the rows (for the JSON) and a Markdown table per lr."""
     rows, blocks = [], []
     for lr, by_algo in summary.items():
-        shown = [a for a in HEADLINE_COLUMNS if a in by_algo]
+        shown = headline_columns(by_algo)
         counts = sorted({n for by_n in by_algo.values() for n in by_n if n > 1}, reverse=True)
+        floored = 2 in counts
         lines = [f"**Headline, lr {lr}**: time to target (s), mean ± std over seeds; "
-                 "ratio = fastest interval variant / fastest baseline (or / hogwild)", "",
+                 "ratio = fastest interval variant / fastest baseline (or / hogwild"
+                 + (", or / the fastest 2-thread time, the floor" if floored else "") + ")", "",
                  "| n | target | " + " | ".join(shown) +
-                 " | fastest baseline | ratio | ratio to hogwild |",
-                 "|---:|---:|" + "---:|" * len(shown) + "---|---|---:|"]
+                 " | fastest baseline | ratio | ratio to hogwild |"
+                 + (" floor | ratio to floor |" if floored else ""),
+                 "|---:|---:|" + "---:|" * len(shown) + "---|---|---:|"
+                 + ("---|---:|" if floored else "")]
         for n in counts:
             for target in args.targets:
                 t = key(target)
@@ -380,13 +416,21 @@ def headline(summary: dict, args: argparse.Namespace) -> tuple[list[dict], str]:
                 hogwild = fastest(by_algo, n, t, lambda a: a == "hogwild")
                 ratio = best[1] / base[1] if best and base else None
                 to_hogwild = best[1] / hogwild[1] if best and hogwild else None
-                rows.append({"lr": lr, "threads": n, "target": t, "baseline": base,
-                             "interval": best, "ratio": ratio, "ratio_to_hogwild": to_hogwild})
+                row = {"lr": lr, "threads": n, "target": t, "baseline": base,
+                       "interval": best, "ratio": ratio, "ratio_to_hogwild": to_hogwild}
                 base_text = f"{base[0]} {base[1]:.1f}" if base else "none reached"
                 ratio_text = f"{ratio:.2f} ({best[0]})" if ratio else "-"
                 hogwild_text = f"{to_hogwild:.2f}" if to_hogwild else "-"
-                lines.append(f"| {n} | {100 * target:.0f}% | " + " | ".join(cells) +
-                             f" | {base_text} | {ratio_text} | {hogwild_text} |")
+                line = (f"| {n} | {100 * target:.0f}% | " + " | ".join(cells) +
+                        f" | {base_text} | {ratio_text} | {hogwild_text} |")
+                if floored:
+                    floor = fastest(by_algo, 2, t, lambda a: a != "sequential")
+                    to_floor = best[1] / floor[1] if best and floor else None
+                    row.update(floor=floor, ratio_to_floor=to_floor)
+                    line += (f" {floor[0]} {floor[1]:.1f} |" if floor else " - |") + (
+                        f" {to_floor:.2f} |" if to_floor else " - |")
+                rows.append(row)
+                lines.append(line)
         blocks.append("\n".join(lines))
     return rows, "\n\n".join(blocks)
 
@@ -491,11 +535,18 @@ def run_sweep(args: argparse.Namespace, out: Path) -> tuple[dict, float]:
     model = models.build(args.model, args.dataset)
     simulation = None
     if args.simulate:
-        times = sim.measure_step_times(model, data, args.batch_size)
-        simulation = (sim.measured_steps(times), args.sim_cores)
+        if args.sim_step_ms is None:
+            times = sim.measure_step_times(model, data, args.batch_size)
+            step_time, steps = sim.measured_steps(times), (
+                f"measured here, mean {1e3 * times.mean():.2f} ms")
+        else:
+            step_time = sim.lognormal_steps(args.sim_step_ms / 1e3, args.sim_step_spread)
+            steps = f"lognormal, mean {args.sim_step_ms:g} ms, spread {args.sim_step_spread:g}"
+        costs = sim.Costs(contention=args.sim_contention, switch_s=args.sim_switch)
+        simulation = (step_time, args.sim_cores, costs)
         cores = f"{args.sim_cores} cores" if args.sim_cores else "one core per worker"
-        print(f"SIMULATED runs: step times measured here, mean {1e3 * times.mean():.2f} ms; "
-              f"{cores}")
+        print(f"SIMULATED runs: step times {steps}; {cores}; contention "
+              f"{args.sim_contention:g}, switch {args.sim_switch:g} s")
     partial = out.with_suffix(".partial.json")
     runs, seconds_before = finished_runs(partial, args) if args.resume else ({}, 0.0)
     counts = list(dict.fromkeys([1, *args.threads]))  # sequential's one thread first
@@ -508,10 +559,17 @@ def run_sweep(args: argparse.Namespace, out: Path) -> tuple[dict, float]:
         print(f"{todo} runs of {args.time_budget:g} s of training each: "
               f"{todo * args.time_budget / 60:.0f} min plus evaluation", flush=True)
     t_start = time.perf_counter()
-    for i, (lr, algo, n) in enumerate(combos, start=1):
-        for seed in range(len(runs_of(runs, algo, n, lr)), args.seeds):
+    # seed by seed, every combination once per pass: the machine's speed
+    # drifts (a VM's neighbours), and a drift then shifts every algorithm
+    # and thread count alike instead of whichever ran in the slow hour
+    done = 0
+    for seed in range(args.seeds):
+        for lr, algo, n in combos:
+            if len(runs_of(runs, algo, n, lr)) > seed:
+                continue  # finished before a resume
+            done += 1
             lr_text = f" lr={lr:g}" if len(args.lrs) > 1 else ""
-            print(f"[{i}/{len(combos)}] {algo} n={n}{lr_text} seed={seed} ...", end=" ",
+            print(f"[{done}/{todo}] {algo} n={n}{lr_text} seed={seed} ...", end=" ",
                   flush=True)
             run = undisturbed_run(args, model, data, config_for(args, algo, n, seed, lr),
                                   simulation)

@@ -76,6 +76,11 @@ VARIANTS: dict[str, dict[str, str]] = {
     "interval-probe": {"algo": "interval", "interval_schedule": "probe"},
     "elastic": {"algo": "hogwild", "threads_schedule": "window"},
     "async-tail": {"algo": "hogwild", "lr_schedule": "tail"},
+    # issue 25's variants (docs/algorithms.md, "Interval variants")
+    "interval-tail": {"algo": "interval", "lr_schedule": "tail"},
+    "interval-fit": {"algo": "interval", "threads_schedule": "cores", "lr_schedule": "tail"},
+    # the control for interval-fit: what one thread per core does without intervals
+    "hogwild-fit": {"algo": "hogwild", "threads_schedule": "cores"},
 }
 
 

@@ -102,7 +102,8 @@ class TrainConfig:
                                      default_text="3 epochs")
     # adaptive thread count
     threads_schedule: str = option(
-        "fixed", "window: probe the number of active threads m (elastic baseline)",
+        "fixed", "window: probe the number of active threads m (elastic baseline); cores: run "
+                 "one thread per core the run has and park the rest",
         group=ADAPTIVE, choices=S.THREAD_SCHEDULES)
     window: int = option(8, "thread window: m is probed over m0 - w/2 .. m0 + w/2, clipped to "
                             "[1, --threads]", group=ADAPTIVE, metavar="w", parse=O.positive_int)

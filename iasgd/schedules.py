@@ -17,7 +17,8 @@ Interval size y (ALGORITHMS.md, "Choosing y while training"):
               on the last choice, scaled by s = L * loss / loss_first + (1 - L).
 - FollowLoss: y = max(y_min, round(y0 * ((1 - c) * loss / loss_first + c))),
               c = x0 / (x0 - 1).
-Thread count m: Window probes m over w values top-down, then executes the best.
+Thread count m: Window probes m over w values top-down, then executes the best;
+Cores runs min(n, cores) of the n threads and parks the rest.
 
 Staleness-adaptive step size: `lr_factors` gives the factor for each tau.
 """
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
     from iasgd.results import RunResult
 
 INTERVAL_SCHEDULES = ("fixed", "decay", "probe", "follow-loss")
-THREAD_SCHEDULES = ("fixed", "window")
+THREAD_SCHEDULES = ("fixed", "window", "cores")
 LR_SCHEDULES = ("none", "inverse", "fleet", "tail")
 
 
@@ -242,6 +243,14 @@ def thread_window(n: int, m0: int, window: int, probe_steps: int,
                        exec_steps=exec_steps, loss_scale=0.0, low=1, high=n)
 
 
+def fitted_workers(threads: int, cores: int | None) -> int:
+    """Active workers of the `cores` thread schedule: one per core. More
+    threads than cores compute no faster (they take turns on the cores) but
+    make every gradient staler and every switch colder; the surplus sleeps
+    (parked, at no CPU cost) and stays ready for a machine with more cores."""
+    return threads if cores is None else max(1, min(threads, cores))
+
+
 # --------------------------------------------------------- step size by tau
 
 
@@ -291,7 +300,10 @@ class Controllers:
     Y_NEXT), the active thread count m (the gate's M) and the step-size
     factors by staleness, recording what they did."""
 
-    def __init__(self, cfg: TrainConfig, quota: int, result: RunResult):
+    def __init__(self, cfg: TrainConfig, quota: int, result: RunResult,
+                 cores: int | None = None):
+        """cores: the cores the run's workers share (None: one each), which
+        the `cores` thread schedule fits the active workers to."""
         self.cfg, self.result = cfg, result
         self.monitor = LossMonitor(cfg.loss_window or 3 * quota)
         interval = ALGORITHMS[cfg.algo].bound == "interval"
@@ -300,6 +312,8 @@ class Controllers:
         if cfg.threads_schedule == "window":
             self.m = thread_window(cfg.threads, cfg.m0 or cfg.threads, cfg.window,
                                    cfg.probe_steps, cfg.exec_steps)
+        elif cfg.threads_schedule == "cores":
+            self.m = Fixed(fitted_workers(cfg.threads, cores))
         self.tail_sample_at = min(TAIL_SAMPLE, quota) if cfg.lr_schedule == "tail" else None
 
     @staticmethod

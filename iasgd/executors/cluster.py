@@ -65,6 +65,7 @@ from iasgd.algorithms import ALGORITHMS, POLICIES, staleness_bound
 from iasgd.config import TrainConfig, steps_per_epoch
 from iasgd.data import Dataset
 from iasgd.nn import kernels as K
+from iasgd.nn.blas import single_threaded_blas
 from iasgd.nn.models import Model
 from iasgd.protocol import gate as G
 from iasgd.protocol import workers as W
@@ -538,13 +539,13 @@ class Node:
     the loop that exchanges its updates with the server (module doc)."""
 
     def __init__(self, node: int, model: Model, data: Dataset, cfg: TrainConfig):
-        from iasgd.executors.threads import Team  # the threads executor, run on this node
+        from iasgd.executors.threads import Team, usable_cores  # the threads executor, on this node
 
         self.node, self.cfg = node, cfg
         self.local_cfg = dataclasses.replace(cfg, seed=node_seed(cfg.seed, node))
         quota = steps_per_epoch(data.x_train.shape[0], cfg.batch_size)
         self.result = RunResult(status=Status.COMPLETED)
-        self.control = Controllers(self.local_cfg, quota, self.result)
+        self.control = Controllers(self.local_cfg, quota, self.result, cores=usable_cores())
         self.team = Team(model, data, self.local_cfg, model.init(cfg.seed), self.control)
         self.base = np.zeros_like(self.team.params)
         self.delta = np.zeros_like(self.team.params)
@@ -577,6 +578,10 @@ class Node:
         """Train until the server says stop; returns this node's figures.
         rejoin: how to wait for a new server if the link finds it lost
         (None: ServerLostError ends the run)."""
+        with single_threaded_blas():  # the kernels' GEMMs: one core per worker thread
+            return self._run(link, rejoin)
+
+    def _run(self, link: Link, rejoin: Rejoin | None) -> dict:
         team, cfg = self.team, self.cfg
         self.rejoin = rejoin
         depth = 1 if ALGORITHMS[cfg.algo].loop == "sync" else 2

@@ -112,8 +112,8 @@ class Costs:
     drawn time and async's lock is never waited for, so async and hogwild
     differ only in what a cut step reads.
 
-    contention: a step that begins while k cores run workers (itself
-        included) takes (1 + contention * (k - 1)) times its drawn time:
+    contention: a step that begins while k cores compute steps (itself
+        included; _Sim.busy) takes (1 + contention * (k - 1)) times its drawn time:
         what the cores cost each other on the shared array (its cache
         lines move between cores) and in memory bandwidth.
     switch_s: CPU time a time-sliced worker spends again when it gets a
@@ -197,7 +197,7 @@ class _Sim(WorkerArrays):
                  step_time: Callable[[np.random.Generator], float], cores: int, quantum: float,
                  result: RunResult, params: np.ndarray, costs: Costs):
         quota = steps_per_epoch(data.x_train.shape[0], cfg.batch_size)
-        control = Controllers(cfg, quota, result)
+        control = Controllers(cfg, quota, result, cores=cores)
         # steps run one at a time: one workspace, and every read is a copy
         super().__init__(model, data, cfg, params, control, one_workspace=True)
         self.seed_streams(cfg.seed, 0)
@@ -281,13 +281,24 @@ class _Sim(WorkerArrays):
             return False
         wk.gen, wk.switched = gen, False
         wk.v_read = int(W.read_step(self.plan, self.shared, self.inputs, self.own[w], True))
-        # cores that run workers now, this one included (at an epoch's start
-        # the queued ones are about to get theirs)
-        busy = min(self.cores, len(self.on_core) + len(self.runnable))
-        drawn = self.step_time(self.rng) * (1.0 + self.costs.contention * (busy - 1))
+        drawn = self.step_time(self.rng) * (1.0 + self.costs.contention * (self.busy() - 1))
         wk.compute_s = max(drawn - self.costs.apply_s, 0.0)
         self.set_phase(w, READ, self.costs.read_s if self.cfg.algo == "async" else 0.0)
         return True
+
+    def busy(self) -> int:
+        """Cores computing while a step begins (it has its slot and is about
+        to read): the steps under way, this one, and the queued workers
+        about to begin theirs (at an epoch's start they are about to get
+        their cores). Under the wait gate no more of those than the open
+        interval has slots left: the waiters an opening interval wakes and
+        that find it full go back to sleep without computing."""
+        under_way = sum(self.workers[v].phase >= READ for v in self.on_core)
+        under_way += sum(self.workers[v].phase >= READ for v in self.runnable)
+        about = sum(self.workers[v].phase < READ for v in self.runnable)
+        if self.waits_for_slot:
+            about = min(about, int(G.slots_left(self.state)))
+        return min(self.cores, under_way + 1 + about)
 
     def complete(self, w: int) -> None:
         """The gradient at the worker's read and its commit and apply (the

@@ -50,6 +50,14 @@ from iasgd.schedules import MONITOR_SECONDS, Controllers
 WORKER_NICE = 10  # added to an oversubscribed worker's nice value (Linux)
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS
+    says, else every core of the machine)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def _yield_to_the_main_thread() -> None:
     """Lower this worker thread's priority. With more workers than cores the
     main thread, which steers the run and stops it on Ctrl-C, would otherwise
@@ -135,7 +143,7 @@ class Team(WorkerArrays):
         t0 = time.perf_counter()
         inside0 = self.counters[wid, W.STEPS_NS]
         try:
-            if self.cfg.threads > (os.cpu_count() or 1):
+            if self.cfg.threads > usable_cores():
                 _yield_to_the_main_thread()
             ready.set()
             self._call_loop(wid)
@@ -186,7 +194,7 @@ class ThreadedRun:
         self.model, self.data, self.cfg = model, data, cfg
         self.quota = steps_per_epoch(data.x_train.shape[0], cfg.batch_size)
         self.result = RunResult(status=Status.COMPLETED)
-        self.control = Controllers(cfg, self.quota, self.result)
+        self.control = Controllers(cfg, self.quota, self.result, cores=usable_cores())
         params = model.init(cfg.seed) if init is None else init.copy()
         self.team = Team(model, data, cfg, params, self.control)
         self.epoch, self.epoch_time, self.segment = 1, 0.0, 0

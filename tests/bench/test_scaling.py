@@ -52,6 +52,35 @@ def test_quick_simulated_sweep_says_so(tmp_path):
     assert hogwild["32"]["staleness_mean"] > hogwild["4"]["staleness_mean"]
 
 
+def test_simulated_sweep_takes_the_step_time_it_is_given(tmp_path):
+    """--sim-step-ms: 4 hogwild workers on their own cores, 2 ms steps
+    without spread, apply 2,000 updates per simulated second, whatever the
+    machine's own speed (a busy machine inflates measured steps)."""
+    doc = scaling.main(["--quick", "--simulate", "--threads", "4", "--algos", "hogwild",
+                        "--seeds", "1", "--sim-step-ms", "2", "--sim-step-spread", "0",
+                        "--name", "fixed", "--out-dir", str(tmp_path)])
+    rate = doc["summary"]["0.02"]["hogwild"]["4"]["samples_per_s"][0]
+    assert rate == pytest.approx(2000 * doc["options"]["batch_size"], rel=0.02)
+
+
+def test_a_sweep_runs_every_combination_once_per_seed_before_the_next_seed(tmp_path,
+                                                                           monkeypatch):
+    """Seed by seed: a drift of the machine's speed then shifts every
+    algorithm and thread count alike."""
+    calls = []
+    real_run_one = scaling.run_one
+
+    def record(*args, **kwargs):
+        calls.append(args[2])
+        return real_run_one(*args, **kwargs)
+
+    monkeypatch.setattr(scaling, "run_one", record)
+    scaling.main(["--quick", "--threads", "2,4", "--algos", "hogwild,interval", "--seeds", "2",
+                  "--name", "order", "--out-dir", str(tmp_path)])
+    assert [(c.seed, c.threads, c.algo) for c in calls] == [
+        (seed, n, algo) for seed in (0, 1) for n in (2, 4) for algo in ("hogwild", "interval")]
+
+
 def test_interrupted_sweep_resumes_with_its_finished_runs(tmp_path, monkeypatch):
     options = ["--quick", "--threads", "1,2", "--algos", "hogwild", "--seeds", "2",
                "--name", "cut", "--out-dir", str(tmp_path)]
@@ -115,8 +144,24 @@ def test_headline_divides_the_fastest_interval_variant_by_the_fastest_baseline()
     assert rows == [{"lr": "0.005", "threads": 8, "target": "0.5",
                      "baseline": ("async-tail", 8.0), "interval": ("interval-decay", 6.0),
                      "ratio": pytest.approx(0.75), "ratio_to_hogwild": pytest.approx(0.5)}]
-    assert "| 8 | 50% | 9.0 ± 1.0 | 6.0 ± 0.5 | 12.0 ± 2.0 | - (1/2) | async-tail 8.0 | " \
-           "0.75 (interval-decay) | 0.50 |" in text
+    assert "| 8 | 50% | 9.0 ± 1.0 | 6.0 ± 0.5 | 12.0 ± 2.0 | 8.0 ± 1.0 | - (1/2) | " \
+           "async-tail 8.0 | 0.75 (interval-decay) | 0.50 |" in text
+    assert "floor" not in text  # no 2-thread runs, no floor
+
+
+def test_headline_measures_the_fastest_interval_variant_against_the_2_thread_floor():
+    args = scaling.argparse.Namespace(targets=[0.5])
+    times = {"interval": {8: [13.0, 1.0], 2: [12.5, 0.5]}, "hogwild": {8: [20.0, 2.0],
+                                                                       2: [10.0, 1.0]}}
+    summary = {"0.01": {algo: {n: {"time_to_target_s": {"0.5": t}, "reached": {"0.5": 3},
+                                   "seeds": 3} for n, t in by_n.items()}
+                        for algo, by_n in times.items()}}
+    rows, text = scaling.headline(summary, args)
+    at_8 = next(r for r in rows if r["threads"] == 8)
+    assert at_8["floor"] == ("hogwild", 10.0)  # the fastest 2-thread time of any variant
+    assert at_8["ratio_to_floor"] == pytest.approx(1.3)
+    assert "| 8 | 50% | 13.0 ± 1.0 | 20.0 ± 2.0 | hogwild 20.0 | 0.65 (interval) | 0.65 |" \
+           " hogwild 10.0 | 1.30 |" in text
 
 
 def test_headline_says_when_no_baseline_reached_the_target():

@@ -4,6 +4,7 @@ the checks must see, lost nodes, and whole nodes training in one process."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -191,7 +192,14 @@ def in_process_link(pool: ThreadPoolExecutor, server: C.ParameterServer) -> C.Li
 
 
 @pytest.mark.parametrize("algo", ["interval", "sync"])
-def test_nodes_train_with_their_threads_and_exchange_in_one_process(algo):
+def test_nodes_train_with_their_threads_and_exchange_in_one_process(algo, monkeypatch):
+    limited = []  # each node trains under the one-thread BLAS limit, as a threaded run does
+
+    @contextlib.contextmanager
+    def record_limit():
+        limited.append(threading.get_ident())
+        yield
+    monkeypatch.setattr(C, "single_threaded_blas", record_limit)
     data = datasets.synthetic(seed=0, n_train=600, n_test=100)
     model = models.build("lenet", "synthetic")
     cfg = config(algo=algo, nodes=2, threads=2, sync_every=4, interval=3, node_interval=2,
@@ -212,6 +220,7 @@ def test_nodes_train_with_their_threads_and_exchange_in_one_process(algo):
         for t in runs:
             t.join(60)
     s = server.summary()
+    assert len(set(limited)) == 2  # once in each node's thread
     assert s["applied"] == 240 and s["computed"] >= 240
     assert sum(f["applied"] for f in figures) >= 240  # the updates after the stop are lost
     for f in figures:

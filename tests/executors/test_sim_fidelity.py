@@ -198,6 +198,20 @@ def test_contention_slows_each_step_by_the_busy_cores(tiny):
     assert one.train_time_s == pytest.approx(500 * 0.001)  # alone: no one to contend with
 
 
+def test_contention_counts_the_cores_computing_not_the_woken_waiters(tiny):
+    """8 workers on their own cores, intervals of y = 2 under the wait gate,
+    contention 0.1: two steps run at a time, so each takes 1 ms * (1 + 0.1),
+    and an epoch of 500 updates is 250 intervals of 1.1 ms. The six woken
+    waiters that find the new interval full go back to sleep without
+    computing; counting them as busy (8 cores) made every step 1.7 ms."""
+    model, data = tiny
+    cfg = engine.TrainConfig(algo="interval", interval=2, gate="wait", threads=8, epochs=1,
+                             batch_size=4)
+    r = sim.simulate(model, data, cfg, constant_steps(0.001), costs=sim.Costs(contention=0.1))
+    assert r.applied == 500 and r.bound_violations == 0
+    assert r.train_time_s == pytest.approx(250 * 0.0011)
+
+
 def test_a_step_cut_by_its_slice_pays_the_switch_when_it_resumes(tiny):
     """2 workers on 1 core, slices of 4 ms, 1.5 ms steps, 0.5 ms per
     switch. A runs 2 steps and 1 ms of a third, B the same; A resumes its

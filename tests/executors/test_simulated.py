@@ -9,6 +9,7 @@ bench/sim_vs_threads.py and reported in docs/performance.md.
 
 from __future__ import annotations
 
+import math
 import os
 
 import numpy as np
@@ -220,6 +221,20 @@ def test_simulated_thread_window_parks_workers(tiny):
     assert r.staleness_hist[0] == r.applied == 1000
     assert r.train_time_s == pytest.approx(1000 * 0.001)
     assert {m for _, _, m in r.threads_trace} == {1}
+
+
+@pytest.mark.parametrize(("cores", "active"), [(2, 2), (None, 8)])
+def test_simulated_fitted_threads_run_one_per_core(tiny, cores, active):
+    """The cores schedule: 8 hogwild workers on 2 simulated cores run 2 at a
+    time (equal steps: every update has tau 1 after the first), on a core
+    each all 8."""
+    model, data = tiny
+    cfg = engine.TrainConfig(algo="hogwild", threads=8, threads_schedule="cores", epochs=1,
+                             batch_size=4)
+    r = sim.simulate(model, data, cfg, constant_steps(0.001), cores=cores)
+    assert {m for _, _, m in r.threads_trace} == {active}
+    assert r.staleness_max == active - 1
+    assert r.train_time_s == pytest.approx(math.ceil(500 / active) * 0.001)
 
 
 def test_simulated_thread_window_moves_m_and_staleness_follows(tiny):
