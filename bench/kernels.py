@@ -15,8 +15,8 @@ and as a fraction of the single-core sgemm rate, measured in the same run
 (numpy's BLAS, one thread, 512 x 512 x 512 float32).
 
 Then a per-op breakdown of each model and batch size: the time of every op
-of the plan, forward and backward, each run alone (kernels.forward_op /
-backward_op, repeated inside compiled code) and the GFLOP/s of those with
+of the plan, forward and backward, each run alone (the row's compiled ops,
+repeated inside compiled code) and the GFLOP/s of those with
 arithmetic. Then the time to the first training step of a fresh process,
 with an empty numba cache (full compile) and with a warm one (cached start-up).
 """
@@ -89,15 +89,18 @@ def model_flops(model: models.Model) -> float:
 
 
 @numba.njit(nogil=True)
-def _repeat_forward_op(params, plan, i, acts, argmax, n, reps):
+def _repeat_forward_op(params, net, i, acts, argmax, n, reps):
+    plan = net.plan
     for _ in range(reps):
-        K.forward_op(params, plan, i, acts, argmax, n)
+        net.ops[plan[i, K.P_FWD]](params, acts, plan, i, acts, acts, argmax, n)
 
 
 @numba.njit(nogil=True)
-def _repeat_backward_op(params, grad, plan, i, acts, dacts, argmax, n, reps):
+def _repeat_backward_op(params, grad, net, i, acts, dacts, argmax, n, reps):
+    plan = net.plan
     for _ in range(reps):
-        K.backward_op(params, grad, plan, i, acts, dacts, argmax, n)
+        net.ops[plan[i, K.P_DW]](params, grad, plan, i, acts, dacts, argmax, n)
+        net.ops[plan[i, K.P_DX]](params, grad, plan, i, acts, dacts, argmax, n)
 
 
 def op_label(row: np.ndarray) -> str:
@@ -126,7 +129,7 @@ def op_breakdown(model: models.Model, batch: int, seconds: float = 0.05) -> list
     rng = np.random.default_rng(0)
     ws.acts[:batch * model.input_size] = rng.uniform(-1, 1, batch * model.input_size)
     labels = rng.integers(0, model.num_classes, batch)
-    K.network_loss_and_grad(params, ws.grad, ws.plan, ws.acts, ws.dacts, ws.argmax, labels)
+    K.network_loss_and_grad(params, ws.grad, ws.net, ws.acts, ws.dacts, ws.argmax, labels)
 
     def timed(run: Callable[[int], None]) -> float:
         run(1)  # compile / warm
@@ -143,13 +146,11 @@ def op_breakdown(model: models.Model, batch: int, seconds: float = 0.05) -> list
     lines = []
     total = [0.0, 0.0]
     for i, row in enumerate(ws.plan):
-        fwd = timed(lambda r, i=i: _repeat_forward_op(params, ws.plan, i, ws.acts, ws.argmax,
+        fwd = timed(lambda r, i=i: _repeat_forward_op(params, ws.net, i, ws.acts, ws.argmax,
                                                       batch, r))
-        bwd = timed(lambda r, i=i: _repeat_backward_op(params, ws.grad, ws.plan, i, ws.acts,
+        bwd = timed(lambda r, i=i: _repeat_backward_op(params, ws.grad, ws.net, i, ws.acts,
                                                        ws.dacts, ws.argmax, batch, r))
         f_fl, b_fl = op_flops(row, batch)
-        if not row[K.P_GRAD] and row[K.P_OP] not in (K.OP_CONV, K.OP_DENSE):
-            bwd = 0.0  # skipped: nothing before it needs a gradient
         total[0] += fwd
         total[1] += bwd
         lines.append(f"| {model.name} | {batch} | {op_label(row)} | {fwd * 1e6:8.1f} | "

@@ -33,6 +33,7 @@ import hashlib
 import os
 import re
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -42,8 +43,11 @@ import numba
 PORTABLE_WAIT_VARIABLE = "IASGD_PORTABLE_WAIT"  # read by atomics.py; part of the digest
 
 # Every compiled function runs without the GIL (worker threads call them in
-# parallel) and is cached on disk (a cold compile takes ~15-30 s).
-FLAGS: dict[str, Any] = {"nogil": True}
+# parallel) and is cached on disk (a cold compile takes ~15-25 s). None gets
+# numba's C-callable wrapper: nothing calls them from C (the layer ops, which
+# compiled code calls through pointers, are compiled by compile_callback), and
+# each wrapper costs compile time.
+FLAGS: dict[str, Any] = {"nogil": True, "no_cfunc_wrapper": True}
 # Reassociation lets LLVM vectorise float reductions; nnan/ninf are left out on
 # purpose so that a diverging run still produces NaN/inf we can detect.
 FASTMATH = frozenset({"reassoc", "contract", "nsz", "arcp"})
@@ -119,12 +123,29 @@ def _decorator(**flags: Any) -> Callable[[Callable[..., Any]], Any]:
 jit = _decorator(**FLAGS)
 jit_fastmath = _decorator(**FLAGS, fastmath=set(FASTMATH))
 
+# The network passes call the layer ops through numba's first-class function
+# type (iasgd.nn.ops), which numba still labels experimental; iasgd's tests
+# cover the one use it makes of it.
+warnings.filterwarnings("ignore", category=numba.NumbaExperimentalFeatureWarning,
+                        message="First-class function type")
+
+
+def compile_callback(func: Callable[..., Any], signature: Any) -> Any:
+    """`func` compiled for `signature` as a C callback (numba.cfunc: callable
+    from compiled code through a pointer, so callers do not compile it into
+    themselves), with the layer kernels' fast-math flags, cached in CACHE_DIR.
+    Without the jit (NUMBA_DISABLE_JIT), `func` itself."""
+    if numba.config.DISABLE_JIT:
+        return func
+    with _numba_cache_dir(CACHE_DIR):
+        return numba.cfunc(signature, fastmath=set(FASTMATH), cache=True)(func)
+
 
 def cache_index_name(dispatcher: Any) -> str:
     """The file name of a compiled function's index in numba's cache:
     `<module>.<qualname>-<first line>.py<XY>.nbi`, module being the last part
     of its dotted name (numba's naming, which iasgd relies on here only)."""
-    func = dispatcher.py_func
+    func = getattr(dispatcher, "py_func", dispatcher)  # a dispatcher or a plain function
     module = func.__module__.rsplit(".", 1)[-1]
     return (f"{module}.{func.__qualname__}-{func.__code__.co_firstlineno}"
             f".py{sys.version_info.major}{sys.version_info.minor}.nbi")

@@ -27,7 +27,7 @@ from iasgd.algorithms import ALGORITHMS
 from iasgd.config import ADAPTIVE, CLUSTER, MAX_THREADS, TRAINING, ConfigError, TrainConfig
 from iasgd.executors import simulated as sim
 from iasgd.nn import kernels as K
-from iasgd.nn import models
+from iasgd.nn import models, ops
 from iasgd.options import option
 from iasgd.protocol import workers
 
@@ -36,11 +36,14 @@ EXIT_FAILED = 1
 EXIT_DIVERGED = 3
 EXIT_SIGINT = 130
 EXIT_SIGTERM = 143
-# Seconds numba takes to compile, with an empty cache, on an idle 2-core VM: the
-# training step with every layer kernel (25.3 s to the first step, 2026-11-30;
-# docs/performance.md), and a parallel worker loop on top.
-KERNELS_COMPILE_S = 25
-WORKER_LOOP_COMPILE_S = 10
+# Seconds numba takes to compile, with an empty cache, on an idle 2-core VM
+# (bench/coldstart.py, 2026-12-01: LeNet-5's first step 19.4 s after start
+# sequential, 25.0 s with interval on 2 threads; docs/performance.md): the
+# network passes with the evaluation, each layer op the model uses (LeNet-5:
+# 10), and a parallel worker loop.
+NETWORK_COMPILE_S = 5
+OP_COMPILE_S = 1.4
+WORKER_LOOP_COMPILE_S = 6
 
 
 class UsageError(Exception):
@@ -534,7 +537,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     display.say(describe(args, model, data, time.perf_counter() - t0))
     if not args.quiet:
-        missing = uncached_kernels(args.algo, args.simulate)
+        missing = uncached_kernels(args.algo, args.simulate,
+                                   plan=models.activation_plan(model.arch, model.layout, 1).table)
         if missing:
             display.compiling(compile_seconds(missing))
     if args.simulate:
@@ -586,37 +590,40 @@ def simulate_and_report(args: argparse.Namespace, model: models.Model, data: dat
     return diverged_exit(result, args)
 
 
-def kernel_entries(algo: str, simulate: bool = False) -> list:
+def kernel_entries(algo: str, simulate: bool = False, plan: np.ndarray | None = None) -> list:
     """The compiled functions a run calls from Python (each compiles what it
-    calls): the training step or a worker loop, and the evaluation."""
+    calls): the training step or a worker loop, and the evaluation; and the
+    layer ops (iasgd.nn.ops) that `plan`, a model's plan table, uses."""
     if not ALGORITHMS[algo].parallel:
-        return [K.train_steps, K.predict_images]
-    if simulate:  # it measures step times, then makes the workers' calls one at a time
-        return [K.train_steps, workers.read_step, workers.compute_step, workers.apply_step,
-                K.predict_images]
-    loop = workers.sync_worker if ALGORITHMS[algo].loop == "sync" else workers.async_worker
-    return [K.network_loss_and_grad, loop, K.predict_images]  # the layer kernels, the loop
+        entries = [K.train_steps, K.predict_images]
+    elif simulate:  # it measures step times, then makes the workers' calls one at a time
+        entries = [K.train_steps, workers.read_step, workers.compute_step, workers.apply_step,
+                   K.predict_images]
+    else:
+        loop = workers.sync_worker if ALGORITHMS[algo].loop == "sync" else workers.async_worker
+        entries = [K.network_loss_and_grad, loop, K.predict_images]
+    return entries + (ops.used(plan) if plan is not None else [])
 
 
-def uncached_kernels(algo: str, simulate: bool = False, cache_dir: str | None = None) -> list[str]:
+def uncached_kernels(algo: str, simulate: bool = False, cache_dir: str | None = None,
+                     plan: np.ndarray | None = None) -> list[str]:
     """The names (`module.function`) of those `kernel_entries` that numba's
     on-disk cache (default: iasgd's, iasgd.compiled.CACHE_DIR) lacks: this
     run will compile them first."""
     from iasgd import compiled
 
-    missing = compiled.uncached(kernel_entries(algo, simulate),
+    missing = compiled.uncached(kernel_entries(algo, simulate, plan),
                                 None if cache_dir is None else Path(cache_dir))
     return [compiled.cache_index_name(d).split("-")[0] for d in missing]
 
 
 def compile_seconds(missing: list[str]) -> int:
-    """About how long compiling the `missing` entries takes (see KERNELS_COMPILE_S)."""
-    seconds = 0
-    if {"kernels.train_steps", "kernels.network_loss_and_grad"} & set(missing):
-        seconds += KERNELS_COMPILE_S
-    if any(e.startswith("workers.") for e in missing):
-        seconds += WORKER_LOOP_COMPILE_S
-    return max(seconds, 5)  # evaluation alone (predict_images) is a few seconds
+    """About how long compiling the `missing` entries takes (see NETWORK_COMPILE_S)."""
+    kinds = ["op" if e.endswith("_op") or e == "kernels.nothing"
+             else "loop" if e.startswith("workers.") else "network" for e in missing]
+    seconds = (OP_COMPILE_S * kinds.count("op") + NETWORK_COMPILE_S * ("network" in kinds)
+               + WORKER_LOOP_COMPILE_S * ("loop" in kinds))
+    return max(round(seconds), 2)
 
 
 def workspace_bytes(model: models.Model, args: argparse.Namespace) -> int:

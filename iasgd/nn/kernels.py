@@ -25,7 +25,9 @@ The whole network is described to the compiled code by one int64 table, the
 *plan* (built by `iasgd.nn.models`): one row per op, in forward order, holding the
 op code, the input and output shapes, and offsets into the flat parameter
 array, the activation workspace and the pooling-index workspace. The columns
-are named below; unused ones are 0.
+are named below; unused ones are 0. Each row's passes (forward, weight
+gradient, input gradient) are `*_op` functions below, called through a table
+of compiled pointers (`Net.ops`, built by `iasgd.nn.ops`).
 """
 
 from __future__ import annotations
@@ -37,14 +39,17 @@ import numpy as np
 from iasgd.compiled import jit_fastmath as jit
 
 # train_steps' arguments in bundles (named tuples, which numba passes as one):
-# params, velocity: (P,) float32; grad: (P,); plan: the int64 plan table;
+# params, velocity: (P,) float32; grad: (P,); net: the network (Net below);
 # acts, dacts, argmax: the workspace; batch_labels: (b,) int64 scratch;
 # images (M, D) uint8 -> images * scale + shift; labels (M,) int64;
 # order: (M,) int64 permutation; first, count: the steps to run; lr, momentum.
 Weights = namedtuple("Weights", ["params", "velocity"])
-Buffers = namedtuple("Buffers", ["grad", "plan", "acts", "dacts", "argmax", "batch_labels"])
+Buffers = namedtuple("Buffers", ["grad", "net", "acts", "dacts", "argmax", "batch_labels"])
 Images = namedtuple("Images", ["images", "labels", "scale", "shift"])
 Steps = namedtuple("Steps", ["order", "first", "count", "batch_size", "lr", "momentum"])
+# A network as the compiled code runs it: the int64 plan table and the table
+# of compiled ops its rows' P_FWD, P_DW and P_DX columns index (iasgd.nn.ops).
+Net = namedtuple("Net", ["plan", "ops"])
 
 # Op codes of a plan row.
 OP_CONV = 0     # valid k x k conv: (C, H, W; S) -> (CO, OH, OW; S), weights at WOFF/BOFF
@@ -65,9 +70,11 @@ OP_NAMES = ("conv", "pad", "relu", "pool", "flatten", "dense")
 # im2col + BLAS GEMM instead of the direct kernels (GEMM_* bits, chosen by
 # models.py); COFF: where their per-sample scratch (the column matrix, and
 # the partial weight gradient) starts in acts (forward) and dacts (backward).
+# FWD, DW, DX: the positions in the op table (Net.ops) of the row's forward,
+# weight-gradient and input-gradient functions (iasgd.nn.ops fills them in).
 (P_OP, P_C, P_H, P_W, P_S, P_CO, P_OH, P_OW, P_OS, P_K, P_XOFF, P_ZOFF, P_WOFF, P_BOFF,
- P_AOFF, P_RELU, P_GRAD, P_GEMM, P_COFF) = range(19)
-PLAN_COLUMNS = 19
+ P_AOFF, P_RELU, P_GRAD, P_GEMM, P_COFF, P_FWD, P_DW, P_DX) = range(22)
+PLAN_COLUMNS = 22
 
 # GEMM bits of a conv row: which passes run as GEMMs (any kernel size; the
 # direct kernels exist for 3x3 and 5x5 only).
@@ -492,7 +499,7 @@ def im2col(xf, S, k, L, col):
         for kh in range(k):
             for kw in range(k):
                 off = kh * S + kw
-                col[r, :L] = xf[c, off:off + L]
+                copy_values(xf[c, off:off + L], col[r, :L])
                 col[r, L:] = 0
                 r += 1
 
@@ -610,7 +617,7 @@ def pad_forward(x, width, border, out):
             for i in range(H):
                 row = y[border + i]
                 row[:border] = 0
-                row[border:border + width] = x[n, c, i, :width]
+                copy_values(x[n, c, i, :width], row[border:border + width])
                 row[border + width:] = 0
 
 
@@ -623,7 +630,7 @@ def pad_backward(dout, width, border, dx):
         for c in range(C):
             for i in range(H):
                 row = dx[n, c, i]
-                row[:width] = dout[n, c, border + i, border:border + width]
+                copy_values(dout[n, c, border + i, border:border + width], row[:width])
                 row[width:] = 0
 
 
@@ -636,7 +643,7 @@ def flatten_forward(x, width, out):
         for c in range(C):
             for i in range(H):
                 base = (c * H + i) * width
-                y[base:base + width] = x[n, c, i, :width]
+                copy_values(x[n, c, i, :width], y[base:base + width])
 
 
 @jit
@@ -648,7 +655,7 @@ def flatten_backward(dout, width, dx):
         for c in range(C):
             for i in range(H):
                 base = (c * H + i) * width
-                dx[n, c, i, :width] = d[base:base + width]
+                copy_values(d[base:base + width], dx[n, c, i, :width])
                 dx[n, c, i, width:] = 0
 
 
@@ -1031,6 +1038,15 @@ def gather_images(images, idx, scale, shift, x):
 
 
 @jit
+def copy_values(src, dst):
+    """dst[i] = src[i] for the 1-D arrays' src.size elements. A loop, not slice
+    assignment: numba compiles a shape-mismatch error path for every slice
+    assignment (string formatting, ~2 s of compile time per caller's flags)."""
+    for i in range(src.size):
+        dst[i] = src[i]
+
+
+@jit
 def affine_copy(src, scale, shift, dst):
     """dst = src * scale + shift elementwise (same size, any shapes)."""
     s = src.reshape(src.size)
@@ -1041,141 +1057,234 @@ def affine_copy(src, scale, shift, dst):
         d[i] = s[i] * a + c
 
 
+# The ops of a plan row, one plain function each, all with the same
+# signature (params, grad, plan, i, acts, dacts, argmax, n): the forward of
+# row i, the gradient of its parameters ("weights"), the gradient of its
+# input ("input"). iasgd.nn.ops compiles each as a C callback, only those a
+# plan uses, and puts them in the table (Net.ops) that the network passes
+# below call through the row's P_FWD, P_DW and P_DX indices. Called through
+# a pointer, an op's code is compiled once: numba would otherwise re-optimise
+# and re-emit every kernel in every function that calls it, at every level
+# (most of a cold start's time), and compile every kernel any plan could use.
+# The forward ops leave grad and dacts alone; n is the batch's sample count.
+
+
+def nothing(params, grad, plan, i, acts, dacts, argmax, n):
+    """A pass that has nothing to do (a row without weights; an input that
+    needs no gradient)."""
+
+
+def conv5_forward_op(params, grad, plan, i, acts, dacts, argmax, n):
+    row = plan[i]
+    x, z, b = _conv_io(params, plan, i, acts, n)
+    _conv5_forward(x, _conv_weights(params, row), b, z, row[P_W])
+
+
+def conv3_forward_op(params, grad, plan, i, acts, dacts, argmax, n):
+    row = plan[i]
+    x, z, b = _conv_io(params, plan, i, acts, n)
+    _conv3_forward(x, _conv_weights(params, row), b, z, row[P_W])
+
+
+def conv_gemm_forward_op(params, grad, plan, i, acts, dacts, argmax, n):
+    row = plan[i]
+    x, z, b = _conv_io(params, plan, i, acts, n)
+    CKK, OL = row[P_C] * row[P_K] * row[P_K], row[P_OH] * row[P_OS]
+    conv_forward_gemm(x, _view2(params, row[P_WOFF], row[P_CO], CKK), b, z, row[P_W],
+                      _view2(acts, row[P_COFF], CKK, OL))
+
+
+def pad_forward_op(params, grad, plan, i, acts, dacts, argmax, n):
+    row = plan[i]
+    pad_forward(_input4(acts, row, n), row[P_W], row[P_K], _output4(acts, row, n))
+
+
+def relu_forward_op(params, grad, plan, i, acts, dacts, argmax, n):
+    row = plan[i]
+    relu_inplace(acts[row[P_XOFF]:row[P_XOFF] + n * row[P_C] * row[P_H] * row[P_S]])
+
+
+def pool_forward_op(params, grad, plan, i, acts, dacts, argmax, n):
+    row = plan[i]
+    _maxpool2_forward(_view3(acts, row[P_XOFF], n, row[P_C], row[P_H] * row[P_S]), row[P_S],
+                      _pooled(acts, row, n), _argmax4(argmax, row, n), row[P_RELU] != 0)
+
+
+def flatten_forward_op(params, grad, plan, i, acts, dacts, argmax, n):
+    row = plan[i]
+    flatten_forward(_input4(acts, row, n), row[P_W], _view2(acts, row[P_ZOFF], n, row[P_CO]))
+
+
+def dense_forward_op(params, grad, plan, i, acts, dacts, argmax, n):
+    row = plan[i]
+    z = _view2(acts, row[P_ZOFF], n, row[P_CO])
+    dense_forward(_view2(acts, row[P_XOFF], n, row[P_C]), _dense_weights(params, row),
+                  params[row[P_BOFF]:row[P_BOFF] + row[P_CO]], z)
+    if row[P_RELU]:
+        relu_inplace(z)
+
+
+def conv5_weights_op(params, grad, plan, i, acts, dacts, argmax, n):
+    row = plan[i]
+    x, dz, db = _conv_grads(grad, plan, i, acts, dacts, n)
+    _conv5_backward_weights(x, dz, _conv_weights(grad, row), db, row[P_W])
+
+
+def conv3_weights_op(params, grad, plan, i, acts, dacts, argmax, n):
+    row = plan[i]
+    x, dz, db = _conv_grads(grad, plan, i, acts, dacts, n)
+    _conv3_backward_weights(x, dz, _conv_weights(grad, row), db, row[P_W])
+
+
+def conv_gemm_weights_op(params, grad, plan, i, acts, dacts, argmax, n):
+    row = plan[i]
+    x, dz, db = _conv_grads(grad, plan, i, acts, dacts, n)
+    CO, CKK = row[P_CO], row[P_C] * row[P_K] * row[P_K]
+    conv_backward_weights_gemm(x, dz, _view2(grad, row[P_WOFF], CO, CKK), db, row[P_W],
+                               _view2(acts, row[P_COFF], CKK, row[P_OH] * row[P_OS]),
+                               _view2(dacts, row[P_COFF], CKK, CO),
+                               _view2(dacts, row[P_COFF] + CKK * CO, CKK, CO))
+
+
+def conv5_input_op(params, grad, plan, i, acts, dacts, argmax, n):
+    row = plan[i]
+    _conv5_backward_input(_conv_weights(params, row), _output_grad3(dacts, row, n),
+                          _input4(dacts, row, n), row[P_W])
+
+
+def conv3_input_op(params, grad, plan, i, acts, dacts, argmax, n):
+    row = plan[i]
+    _conv3_backward_input(_conv_weights(params, row), _output_grad3(dacts, row, n),
+                          _input4(dacts, row, n), row[P_W])
+
+
+def conv_gemm_input_op(params, grad, plan, i, acts, dacts, argmax, n):
+    row = plan[i]
+    CKK = row[P_C] * row[P_K] * row[P_K]
+    conv_backward_input_gemm(_view2(params, row[P_WOFF], row[P_CO], CKK),
+                             _output_grad3(dacts, row, n), _input4(dacts, row, n), row[P_W],
+                             _view2(dacts, row[P_COFF], CKK, row[P_OH] * row[P_OS]))
+
+
+def pad_input_op(params, grad, plan, i, acts, dacts, argmax, n):
+    row = plan[i]
+    pad_backward(_output4(dacts, row, n), row[P_W], row[P_K], _input4(dacts, row, n))
+
+
+def relu_input_op(params, grad, plan, i, acts, dacts, argmax, n):
+    row = plan[i]
+    size = n * row[P_C] * row[P_H] * row[P_S]
+    relu_backward_inplace(dacts[row[P_XOFF]:row[P_XOFF] + size],
+                          acts[row[P_XOFF]:row[P_XOFF] + size])
+
+
+def pool_input_op(params, grad, plan, i, acts, dacts, argmax, n):
+    row = plan[i]
+    _maxpool2_backward(_pooled(dacts, row, n), _pooled(acts, row, n), _argmax4(argmax, row, n),
+                       _view3(dacts, row[P_XOFF], n, row[P_C], row[P_H] * row[P_S]),
+                       row[P_RELU] != 0)
+
+
+def flatten_input_op(params, grad, plan, i, acts, dacts, argmax, n):
+    row = plan[i]
+    flatten_backward(_view2(dacts, row[P_ZOFF], n, row[P_CO]), row[P_W],
+                     _input4(dacts, row, n))
+
+
+def dense_weights_op(params, grad, plan, i, acts, dacts, argmax, n):
+    """Also takes the fused ReLU out of the output gradient, in place, so
+    dense_input_op (which runs after it) sees the pre-activation's."""
+    row = plan[i]
+    dz = _view2(dacts, row[P_ZOFF], n, row[P_CO])
+    if row[P_RELU]:
+        relu_backward_inplace(dz, _view2(acts, row[P_ZOFF], n, row[P_CO]))
+    dense_backward_weights(_view2(acts, row[P_XOFF], n, row[P_C]), dz,
+                           _dense_weights(grad, row), grad[row[P_BOFF]:row[P_BOFF] + row[P_CO]])
+
+
+def dense_input_op(params, grad, plan, i, acts, dacts, argmax, n):
+    row = plan[i]
+    dense_backward_input(_dense_weights(params, row), _view2(dacts, row[P_ZOFF], n, row[P_CO]),
+                         _view2(dacts, row[P_XOFF], n, row[P_C]))
+
+
 @jit
-def network_forward(params, plan, acts, argmax, n):
+def _conv_io(params, plan, i, acts, n):
+    """A conv row's input (n, C, H, S), wide output (n, CO, OH*OS) and bias."""
+    row = plan[i]
+    return (_input4(acts, row, n), _view3(acts, row[P_ZOFF], n, row[P_CO], row[P_OH] * row[P_OS]),
+            params[row[P_BOFF]:row[P_BOFF] + row[P_CO]])
+
+
+@jit
+def _conv_grads(grad, plan, i, acts, dacts, n):
+    """A conv row's input, output gradient and bias gradient."""
+    row = plan[i]
+    return (_input4(acts, row, n), _output_grad3(dacts, row, n),
+            grad[row[P_BOFF]:row[P_BOFF] + row[P_CO]])
+
+
+@jit
+def _conv_weights(flat, row):
+    k = row[P_K]
+    return _view4(flat, row[P_WOFF], row[P_CO], row[P_C], k, k)
+
+
+@jit
+def _dense_weights(flat, row):
+    return _view2(flat, row[P_WOFF], row[P_CO], row[P_C])
+
+
+@jit
+def _input4(flat, row, n):
+    return _view4(flat, row[P_XOFF], n, row[P_C], row[P_H], row[P_S])
+
+
+@jit
+def _output4(flat, row, n):
+    return _view4(flat, row[P_ZOFF], n, row[P_CO], row[P_OH], row[P_OS])
+
+
+@jit
+def _output_grad3(flat, row, n):
+    return _view3(flat, row[P_ZOFF], n, row[P_CO], row[P_OH] * row[P_OS])
+
+
+@jit
+def _argmax4(argmax, row, n):
+    return _view4(argmax, row[P_AOFF], n, row[P_CO], row[P_OH], row[P_OW])
+
+
+@jit
+def network_forward(params, net, acts, argmax, n):
     """Forward pass of n samples whose input already sits in acts[: n * D].
 
-    Runs the plan's ops in order, writing every activation into `acts` (and
-    pooling indices into `argmax`) at the plan's offsets; the logits are the
-    last row's (a dense op's) output.
+    net: a Net (the plan table and its ops). Runs the plan's rows in order,
+    writing every activation into `acts` (and pooling indices into `argmax`)
+    at the plan's offsets; the logits are the last row's (a dense op's) output.
     """
-    for i in range(plan.shape[0]):
-        forward_op(params, plan, i, acts, argmax, n)
+    plan = net.plan
+    for i in range(plan.shape[0]):  # forward ops touch neither grad nor dacts
+        net.ops[plan[i, P_FWD]](params, acts, plan, i, acts, acts, argmax, n)
 
 
 @jit
-def forward_op(params, plan, i, acts, argmax, n):
-    """The forward of the plan's op i alone (network_forward runs them all in
-    order; bench/kernels.py times them one by one)."""
-    row = plan[i]
-    op = row[P_OP]
-    C, H, W, S = row[P_C], row[P_H], row[P_W], row[P_S]
-    CO, OH, OW, OS = row[P_CO], row[P_OH], row[P_OW], row[P_OS]
-    if op == OP_CONV:
-        k = row[P_K]
-        x = _view4(acts, row[P_XOFF], n, C, H, S)
-        z = _view3(acts, row[P_ZOFF], n, CO, OH * OS)
-        b = params[row[P_BOFF]:row[P_BOFF] + CO]
-        if row[P_GEMM] & GEMM_FORWARD:
-            conv_forward_gemm(x, _view2(params, row[P_WOFF], CO, C * k * k), b, z, W,
-                              _view2(acts, row[P_COFF], C * k * k, OH * OS))
-        else:
-            conv_forward(x, _view4(params, row[P_WOFF], CO, C, k, k), b, z, W)
-    elif op == OP_PAD:
-        pad_forward(_view4(acts, row[P_XOFF], n, C, H, S), W, row[P_K],
-                    _view4(acts, row[P_ZOFF], n, CO, OH, OS))
-    elif op == OP_RELU:
-        relu_inplace(acts[row[P_XOFF]:row[P_XOFF] + n * C * H * S])
-    elif op == OP_POOL:
-        _maxpool2_forward(_view3(acts, row[P_XOFF], n, C, H * S), S, _pooled(acts, row, n),
-                          _view4(argmax, row[P_AOFF], n, CO, OH, OW), row[P_RELU] != 0)
-    elif op == OP_FLATTEN:
-        flatten_forward(_view4(acts, row[P_XOFF], n, C, H, S), W,
-                        _view2(acts, row[P_ZOFF], n, CO))
-    else:  # OP_DENSE
-        z = _view2(acts, row[P_ZOFF], n, CO)
-        dense_forward(_view2(acts, row[P_XOFF], n, C), _view2(params, row[P_WOFF], CO, C),
-                      params[row[P_BOFF]:row[P_BOFF] + CO], z)
-        if row[P_RELU]:
-            relu_inplace(z)
+def network_loss_and_grad(params, grad, net, acts, dacts, argmax, labels):
+    """Mean loss of the batch whose input sits in acts; gradient into grad.
 
-
-@jit
-def network_backward(params, grad, plan, acts, dacts, argmax, n):
-    """Backward pass after network_forward, from dlogits already in `dacts`.
-
-    Overwrites every entry of `grad` (same layout as params); `dacts` mirrors
-    the layout of `acts` and receives the activation gradients. Ops before the
-    first one with parameters are skipped (P_GRAD = 0): the input needs no
-    gradient.
+    Every entry of `grad` (same layout as params) is overwritten; `dacts`
+    mirrors the layout of `acts` and receives the activation gradients.
     """
-    for i in range(plan.shape[0] - 1, -1, -1):
-        backward_op(params, grad, plan, i, acts, dacts, argmax, n)
-
-
-@jit
-def backward_op(params, grad, plan, i, acts, dacts, argmax, n):
-    """The backward of the plan's op i alone (network_backward runs them all
-    in reverse order)."""
-    row = plan[i]
-    op = row[P_OP]
-    C, H, W, S = row[P_C], row[P_H], row[P_W], row[P_S]
-    CO, OH, OW, OS = row[P_CO], row[P_OH], row[P_OW], row[P_OS]
-    need = row[P_GRAD] != 0
-    if op == OP_CONV:
-        k = row[P_K]
-        CKK = C * k * k
-        x = _view4(acts, row[P_XOFF], n, C, H, S)
-        dz = _view3(dacts, row[P_ZOFF], n, CO, OH * OS)
-        db = grad[row[P_BOFF]:row[P_BOFF] + CO]
-        if row[P_GEMM] & GEMM_WEIGHTS:
-            conv_backward_weights_gemm(x, dz, _view2(grad, row[P_WOFF], CO, CKK), db, W,
-                                       _view2(acts, row[P_COFF], CKK, OH * OS),
-                                       _view2(dacts, row[P_COFF], CKK, CO),
-                                       _view2(dacts, row[P_COFF] + CKK * CO, CKK, CO))
-        else:
-            conv_backward_weights(x, dz, _view4(grad, row[P_WOFF], CO, C, k, k), db, W)
-        if not need:
-            return
-        dx = _view4(dacts, row[P_XOFF], n, C, H, S)
-        if row[P_GEMM] & GEMM_INPUT:
-            conv_backward_input_gemm(_view2(params, row[P_WOFF], CO, CKK), dz, dx, W,
-                                     _view2(dacts, row[P_COFF], CKK, OH * OS))
-        else:
-            conv_backward_input(_view4(params, row[P_WOFF], CO, C, k, k), dz, dx, W)
-    elif op == OP_DENSE:
-        a = _view2(acts, row[P_XOFF], n, C)
-        z = _view2(acts, row[P_ZOFF], n, CO)
-        dz = _view2(dacts, row[P_ZOFF], n, CO)
-        if row[P_RELU]:
-            relu_backward_inplace(dz, z)
-        dense_backward_weights(a, dz, _view2(grad, row[P_WOFF], CO, C),
-                               grad[row[P_BOFF]:row[P_BOFF] + CO])
-        if need:
-            dense_backward_input(_view2(params, row[P_WOFF], CO, C), dz,
-                                 _view2(dacts, row[P_XOFF], n, C))
-    elif not need:
-        return
-    elif op == OP_PAD:
-        pad_backward(_view4(dacts, row[P_ZOFF], n, CO, OH, OS), W, row[P_K],
-                     _view4(dacts, row[P_XOFF], n, C, H, S))
-    elif op == OP_RELU:
-        size = n * C * H * S
-        relu_backward_inplace(dacts[row[P_XOFF]:row[P_XOFF] + size],
-                              acts[row[P_XOFF]:row[P_XOFF] + size])
-    elif op == OP_POOL:
-        _maxpool2_backward(_pooled(dacts, row, n), _pooled(acts, row, n),
-                           _view4(argmax, row[P_AOFF], n, CO, OH, OW),
-                           _view3(dacts, row[P_XOFF], n, C, H * S), row[P_RELU] != 0)
-    elif op == OP_FLATTEN:
-        flatten_backward(_view2(dacts, row[P_ZOFF], n, CO), W,
-                         _view4(dacts, row[P_XOFF], n, C, H, S))
-
-
-@jit
-def network_loss_and_grad(params, grad, plan, acts, dacts, argmax, labels):
-    """Mean loss of the batch whose input sits in acts; gradient into grad."""
+    plan = net.plan
     n = labels.size
     last = plan[-1]
-    # network_forward and network_backward, written out: one call level less
-    # for numba to compile through (every level re-optimises its callees)
-    for i in range(plan.shape[0]):
-        forward_op(params, plan, i, acts, argmax, n)
+    network_forward(params, net, acts, argmax, n)
     logits = _view2(acts, last[P_ZOFF], n, last[P_CO])
     dlogits = _view2(dacts, last[P_ZOFF], n, last[P_CO])
     loss = softmax_cross_entropy(logits, labels, dlogits)
     for i in range(plan.shape[0] - 1, -1, -1):
-        backward_op(params, grad, plan, i, acts, dacts, argmax, n)
+        net.ops[plan[i, P_DW]](params, grad, plan, i, acts, dacts, argmax, n)
+        net.ops[plan[i, P_DX]](params, grad, plan, i, acts, dacts, argmax, n)
     return loss
 
 
@@ -1202,7 +1311,7 @@ def train_steps(weights, buffers, data, steps, losses):
         bl = bl_all[:n]
         for i in range(n):
             bl[i] = data.labels[idx[i]]
-        losses[s] = network_loss_and_grad(params, buffers.grad, buffers.plan, acts,
+        losses[s] = network_loss_and_grad(params, buffers.grad, buffers.net, acts,
                                           buffers.dacts, buffers.argmax, bl)
         if not np.isfinite(losses[s]):
             return s - steps.first
@@ -1211,17 +1320,16 @@ def train_steps(weights, buffers, data, steps, losses):
 
 
 @jit
-def predict_images(params, plan, acts, argmax, capacity, images, scale, shift, out):
+def predict_images(params, net, acts, argmax, capacity, images, scale, shift, out):
     """Predicted labels of all rows of images ((M, D) uint8, transformed to
     images * scale + shift) into out ((M,) int64), in batches of at most
     `capacity` (the workspace's batch size)."""
     M, D = images.shape
-    last = plan[-1]
+    last = net.plan[-1]
     for start in range(0, M, capacity):
         n = min(capacity, M - start)
         affine_copy(images[start:start + n], scale, shift, _view2(acts, 0, n, D))
-        for i in range(plan.shape[0]):  # network_forward, written out
-            forward_op(params, plan, i, acts, argmax, n)
+        network_forward(params, net, acts, argmax, n)
         argmax_rows(_view2(acts, last[P_ZOFF], n, last[P_CO]), out[start:start + n])
 
 

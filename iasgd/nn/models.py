@@ -32,6 +32,7 @@ import numpy as np
 
 from iasgd.data.registry import DATASETS
 from iasgd.nn import kernels as K
+from iasgd.nn import ops
 
 MODELS = ("lenet", "mlp", "vgg-small")  # the presets; --model also takes a spec
 DEFAULT_HIDDEN = (128, 128, 128)
@@ -387,7 +388,7 @@ def activation_plan(arch: Architecture, layout: list, capacity: int) -> Plan:
             if row[K.P_OP] == K.OP_CONV and row[K.P_GEMM]:
                 row[K.P_COFF] = acts
         acts += scratch
-    table = np.array(rows, dtype=np.int64).reshape(-1, K.PLAN_COLUMNS)
+    table = ops.assign(np.array(rows, dtype=np.int64).reshape(-1, K.PLAN_COLUMNS))
     return Plan(table, acts, max(argmax, 1))
 
 
@@ -395,10 +396,12 @@ class Workspace:
     """A worker's preallocated buffers for batches of up to `capacity` samples:
     activations, their gradients, pooling indices, the parameter gradient and
     the batch's labels. Nothing on the step path allocates. `plan` is the
-    kernels' int64 plan table for these buffers."""
+    kernels' int64 plan table for these buffers, `net` the plan with its
+    compiled ops (compiled now, if this process has not yet)."""
 
     def __init__(self, plan: Plan, num_params: int, capacity: int, *, backward: bool = True):
         self.plan = plan.table
+        self.net = ops.network(self.plan)
         self.acts_size = plan.acts_size
         self.capacity = capacity
         self.acts = np.zeros(plan.acts_size, np.float32)
@@ -407,10 +410,19 @@ class Workspace:
         self.grad = np.zeros(num_params if backward else 1, np.float32)
         self.labels = np.zeros(capacity, np.int64)
 
+    def __getstate__(self) -> dict:
+        # compiled ops do not pickle (a Model travels to Ray's node actors
+        # with its evaluation workspace): the copy compiles, or loads, its own
+        return {k: v for k, v in vars(self).items() if k != "net"}
+
+    def __setstate__(self, state: dict) -> None:
+        vars(self).update(state)
+        self.net = ops.network(self.plan)
+
     @property
     def buffers(self) -> K.Buffers:
         """These buffers as kernels.train_steps takes them."""
-        return K.Buffers(self.grad, self.plan, self.acts, self.dacts, self.argmax, self.labels)
+        return K.Buffers(self.grad, self.net, self.acts, self.dacts, self.argmax, self.labels)
 
 
 class Model:
@@ -515,7 +527,7 @@ class Model:
             raise ValueError(f"labels must lie in [0, {self.num_classes})")
         ws = self.workspace(max(x2.shape[0], 1))
         self._load_inputs(x2, ws)
-        loss = K.network_loss_and_grad(params, ws.grad, ws.plan, ws.acts, ws.dacts,
+        loss = K.network_loss_and_grad(params, ws.grad, ws.net, ws.acts, ws.dacts,
                                        ws.argmax, labels)
         return float(loss), ws.grad
 
@@ -526,7 +538,7 @@ class Model:
         n = x2.shape[0]
         ws = self.workspace(max(n, 1), backward=False)
         self._load_inputs(x2, ws)
-        K.network_forward(params, ws.plan, ws.acts, ws.argmax, n)
+        K.network_forward(params, ws.net, ws.acts, ws.argmax, n)
         last = ws.plan[-1]
         off, width = last[K.P_ZOFF], last[K.P_CO]
         return ws.acts[off:off + n * width].reshape(n, width).copy()
@@ -542,7 +554,7 @@ class Model:
             self._eval_ws = self.workspace(batch, backward=False)
         ws = self._eval_ws
         out = np.empty(images.shape[0], np.int64)
-        K.predict_images(params, ws.plan, ws.acts, ws.argmax,
+        K.predict_images(params, ws.net, ws.acts, ws.argmax,
                          ws.capacity, images.reshape(images.shape[0], -1),
                          *self.image_transform, out)
         return out

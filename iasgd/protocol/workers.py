@@ -50,11 +50,11 @@ Shared = namedtuple("Shared", ["state", "probe", "params", "velocity", "lr_facto
 # images (M, D) uint8 -> images * scale + shift; labels (M,) int64
 Inputs = K.Images
 # local: (P,) a private copy of the parameters (async's snapshot; the
-# simulator's read); grad: (P,); acts, dacts, argmax, layers (the kernels'
-# plan table): the model's workspace; batch_labels, idx: (b,); rng: (1,) uint64 random
+# simulator's read); grad: (P,); acts, dacts, argmax, net (the kernels'
+# Net: plan and ops): the model's workspace; batch_labels, idx: (b,); rng: (1,) uint64 random
 # stream; counters: (COUNTER_COLUMNS,) int64; hist: (bins,) staleness of this
 # epoch; loss_sum: (1,) float64 sum of this epoch's applied losses
-Own = namedtuple("Own", ["local", "grad", "acts", "dacts", "argmax", "layers", "batch_labels",
+Own = namedtuple("Own", ["local", "grad", "acts", "dacts", "argmax", "net", "batch_labels",
                          "idx", "rng", "counters", "hist", "loss_sum"])
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -146,13 +146,13 @@ def read_step(plan, shared, inputs, own, snapshot):
     state = shared.state
     if plan.algo == ASYNC:
         G.lock(state)
-        own.local[:] = shared.params
+        K.copy_values(shared.params, own.local)
         v_read = G.read_version(state)
         G.unlock(state)
         return v_read
     v_read = G.read_version(state)
     if snapshot:
-        own.local[:] = shared.params
+        K.copy_values(shared.params, own.local)
     return v_read
 
 
@@ -161,7 +161,7 @@ def compute_step(shared, own, params):
     """Forward and backward of own's batch at `params` (the shared array or
     own.local); the gradient into own.grad. Returns the batch's mean loss."""
     _enter_step(shared.probe)
-    loss = K.network_loss_and_grad(params, own.grad, own.layers, own.acts, own.dacts,
+    loss = K.network_loss_and_grad(params, own.grad, own.net, own.acts, own.dacts,
                                    own.argmax, own.batch_labels)
     _leave_step(shared.probe)
     own.counters[COMPUTED] += 1
@@ -234,7 +234,7 @@ def round_gradient(shared, inputs, own, grad):
     into `grad` (a row of the round's (n, P) array). Returns its loss."""
     _load_batch(inputs, own)
     _enter_step(shared.probe)
-    loss = K.network_loss_and_grad(shared.params, grad, own.layers, own.acts, own.dacts,
+    loss = K.network_loss_and_grad(shared.params, grad, own.net, own.acts, own.dacts,
                                    own.argmax, own.batch_labels)
     _leave_step(shared.probe)
     own.counters[COMPUTED] += 1
@@ -318,7 +318,7 @@ def new_own(ws, local: np.ndarray, counters: np.ndarray, hist: np.ndarray,
             loss_sum: np.ndarray, rng: np.ndarray) -> Own:
     """One worker's bundle over a model workspace `ws` (iasgd.nn.models) and the
     given rows of the executor's per-worker arrays."""
-    return Own(local, ws.grad, ws.acts, ws.dacts, ws.argmax, ws.plan, ws.labels,
+    return Own(local, ws.grad, ws.acts, ws.dacts, ws.argmax, ws.net, ws.labels,
                np.zeros(ws.capacity, np.int64), rng, counters, hist, loss_sum)
 
 

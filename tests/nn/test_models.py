@@ -4,6 +4,7 @@ numpy/scipy forward pass and central finite differences on every tensor."""
 from __future__ import annotations
 
 import math
+import pickle
 import re
 
 import numpy as np
@@ -11,7 +12,7 @@ import pytest
 from reference import central_difference, network_logits, softmax_xent
 
 from iasgd.nn import kernels as K
-from iasgd.nn import models
+from iasgd.nn import models, ops
 from iasgd.nn.models import Conv, Dense, Flatten, Pool, ReLU
 
 
@@ -113,10 +114,11 @@ def test_loss_and_grad_matches_finite_differences_on_every_tensor(model):
     ws = model.workspace(3)
     acts, dacts = np.zeros(ws.acts_size), np.zeros(ws.acts_size)
     g64 = np.zeros(model.num_params)
+    net64 = ops.network(ws.plan, np.float64)
 
     def loss64(p):
         acts[: x.size] = (x.ravel() - models.INPUT_MEAN) / models.INPUT_STD
-        return K.network_loss_and_grad(p, g64, ws.plan, acts, dacts, ws.argmax, y)
+        return K.network_loss_and_grad(p, g64, net64, acts, dacts, ws.argmax, y)
 
     p64 = params.astype(np.float64)
     rng = np.random.default_rng(5)
@@ -268,3 +270,29 @@ def test_the_training_step_allocates_nothing(name):
     finally:
         if not was_enabled:
             _nrt_python.memsys_disable_stats()
+
+
+def test_read_only_parameters_run_as_writable_ones():
+    """Ray's object store hands out read-only arrays: the network passes take
+    them (the layer ops only read the parameters) and compute the same."""
+    m = models.build("lenet", "cifar10")
+    params = m.init(0)
+    frozen = params.copy()
+    frozen.setflags(write=False)
+    x, y = batch(m, 4)
+    np.testing.assert_array_equal(m.logits(frozen, x), m.logits(params, x))
+    images = np.random.default_rng(0).integers(0, 256, (3, 3, 32, 32), dtype=np.uint8)
+    np.testing.assert_array_equal(m.predict_images(frozen, images),
+                                  m.predict_images(params, images))
+    assert m.loss_and_grad(frozen, x, y)[0] == m.loss_and_grad(params, x, y)[0]
+
+
+def test_a_model_pickles_with_its_evaluation_workspace():
+    """Ray sends a Model (with the workspace its evaluation keeps) to each
+    node actor: the copy rebuilds its compiled ops and predicts the same."""
+    m = models.build("lenet", "cifar10")
+    params = m.init(0)
+    images = np.random.default_rng(1).integers(0, 256, (5, 3, 32, 32), dtype=np.uint8)
+    want = m.predict_images(params, images, batch=4)
+    copy = pickle.loads(pickle.dumps(m))
+    np.testing.assert_array_equal(copy.predict_images(params, images, batch=4), want)

@@ -226,8 +226,8 @@ class ModelParams:
 
 
 class ModelSnapshot:
-    """A worker's private copy (async's `own.local`): `local[:] = params`
-    copies element by element, each read of the shared array a step."""
+    """A worker's private copy (async's `own.local`): `copy_values(params,
+    local)` copies element by element, each read of the shared array a step."""
 
     def __init__(self, size: int):
         self.values = np.zeros(size, np.int64)
@@ -285,8 +285,12 @@ def _model_kernels(checker: Checker | None) -> types.SimpleNamespace:
         if checker is not None:
             checker.on_write(begin=False)
 
+    def copy_values(src, dst):
+        dst[:] = src  # a ModelSnapshot reads the source element by element
+
     return types.SimpleNamespace(network_loss_and_grad=network_loss_and_grad,
-                                 sgd_momentum_update=sgd_momentum_update)
+                                 sgd_momentum_update=sgd_momentum_update,
+                                 copy_values=copy_values)
 
 
 def worker_namespace(scheduler: Scheduler, g: types.SimpleNamespace,

@@ -145,10 +145,11 @@ MUTANTS = [
     Mutant("snapshot-outside-lock",
            "async copies its snapshot after releasing the lock",
            "iasgd/protocol/workers.py",
-           "        own.local[:] = shared.params\n        v_read = G.read_version(state)\n"
+           "        K.copy_values(shared.params, own.local)\n"
+           "        v_read = G.read_version(state)\n"
            "        G.unlock(state)\n",
            "        v_read = G.read_version(state)\n        G.unlock(state)\n"
-           "        own.local[:] = shared.params\n",
+           "        K.copy_values(shared.params, own.local)\n",
            VISIBILITY_TESTS),
     Mutant("write-before-commit",
            "the update is written before the gate commits it, so the drop gate's dropped "

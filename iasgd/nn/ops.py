@@ -1,0 +1,106 @@
+"""The compiled ops of a network: which function runs each pass of a plan row,
+and the table of them that the compiled network passes call through.
+
+A plan row (iasgd.nn.kernels) has three passes: its forward, the gradient of
+its weights and the gradient of its input. Each is one of the `*_op`
+functions of kernels.py (or `nothing`), all with one signature; `assign`
+writes each pass's position in `OPS` into the row (P_FWD, P_DW, P_DX), and
+`table` compiles the functions a plan uses into a Net's op table.
+
+Why a table of C callbacks instead of plain calls: numba compiles a callee
+into every caller and re-optimises it there, at every level of the call
+tree, and it would compile every kernel any plan might use into every
+function that runs a network. Called through a pointer, each op is compiled
+once, by itself, and only when a plan needs it: a LeNet-5 never compiles
+the 3x3 or the GEMM convolutions. (The indirect call costs about 25 ns, a
+few per layer and step.) The table always has len(OPS) entries, unused ones
+being `nothing`, so the compiled functions that take a Net have one type.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numba
+import numpy as np
+from numba import types
+
+from iasgd import compiled
+from iasgd.nn import kernels as K
+
+OPS = (K.nothing,
+       K.conv5_forward_op, K.conv3_forward_op, K.conv_gemm_forward_op, K.pad_forward_op,
+       K.relu_forward_op, K.pool_forward_op, K.flatten_forward_op, K.dense_forward_op,
+       K.conv5_weights_op, K.conv3_weights_op, K.conv_gemm_weights_op, K.dense_weights_op,
+       K.conv5_input_op, K.conv3_input_op, K.conv_gemm_input_op, K.pad_input_op,
+       K.relu_input_op, K.pool_input_op, K.flatten_input_op, K.dense_input_op)
+POSITION = {op.__name__: position for position, op in enumerate(OPS)}
+
+# Op code -> the forward and input-gradient functions of the ops without weights.
+_PLAIN = {K.OP_PAD: "pad", K.OP_RELU: "relu", K.OP_POOL: "pool", K.OP_FLATTEN: "flatten"}
+
+
+def row_ops(row: np.ndarray) -> tuple[str, str, str]:
+    """The names of the forward, weight-gradient and input-gradient functions
+    of one plan row (`nothing` where the pass has no work)."""
+    op, needs_input_grad = int(row[K.P_OP]), bool(row[K.P_GRAD])
+    if op == K.OP_CONV:
+        gemm, k = int(row[K.P_GEMM]), int(row[K.P_K])
+
+        def conv(bit: int) -> str:
+            return "conv_gemm" if gemm & bit else f"conv{k}"
+        return (f"{conv(K.GEMM_FORWARD)}_forward_op", f"{conv(K.GEMM_WEIGHTS)}_weights_op",
+                f"{conv(K.GEMM_INPUT)}_input_op" if needs_input_grad else "nothing")
+    if op == K.OP_DENSE:
+        return ("dense_forward_op", "dense_weights_op",
+                "dense_input_op" if needs_input_grad else "nothing")
+    name = _PLAIN[op]
+    return f"{name}_forward_op", "nothing", f"{name}_input_op" if needs_input_grad else "nothing"
+
+
+def assign(plan: np.ndarray) -> np.ndarray:
+    """Write each row's functions' positions in OPS into its P_FWD, P_DW and
+    P_DX columns, in place; returns `plan`."""
+    for row in plan:
+        row[K.P_FWD], row[K.P_DW], row[K.P_DX] = (POSITION[name] for name in row_ops(row))
+    return plan
+
+
+def used(plan: np.ndarray) -> list:
+    """The functions of OPS that `plan` calls, in OPS order."""
+    positions = set(plan[:, [K.P_FWD, K.P_DW, K.P_DX]].ravel().tolist()) | {0}
+    return [OPS[p] for p in sorted(positions)]
+
+
+def signature(dtype: Any = np.float32) -> Any:
+    """The one numba signature of every op, for float32 (training) or float64
+    (the tests' finite differences) parameters and activations."""
+    real = types.Array(numba.from_dtype(np.dtype(dtype)), 1, "C")
+    params = types.Array(real.dtype, 1, "C", readonly=True)  # the ops only read them
+    return types.none(params, real, types.int64[:, ::1], types.int64, real, real,
+                      types.int32[::1], types.int64)
+
+
+_COMPILED: dict[tuple[str, str], Any] = {}  # (op name, dtype) -> its compiled callback
+
+
+def compiled_op(op: Any, dtype: Any = np.float32) -> Any:
+    """One op compiled for `dtype` (loaded from the disk cache when it is there;
+    once per process)."""
+    key = (op.__name__, np.dtype(dtype).name)
+    if key not in _COMPILED:
+        _COMPILED[key] = compiled.compile_callback(op, signature(dtype))
+    return _COMPILED[key]
+
+
+def table(plan: np.ndarray, dtype: Any = np.float32) -> tuple:
+    """The op table of a Net for `plan`: position p holds OPS[p] compiled
+    for `dtype` if the plan calls it, else the compiled `nothing`."""
+    needed = {op.__name__ for op in used(plan)}
+    idle = compiled_op(K.nothing, dtype)
+    return tuple(compiled_op(op, dtype) if op.__name__ in needed else idle for op in OPS)
+
+
+def network(plan: np.ndarray, dtype: Any = np.float32) -> K.Net:
+    """The Net (plan and op table) that the compiled network passes take."""
+    return K.Net(plan, table(plan, dtype))
