@@ -70,7 +70,7 @@ POLICIES: dict[str, Policy] = {p.name: p for p in (
 
 # The variants that sweeps compare (bench/scaling.py) and plots name: an
 # algorithm with the strategy that makes it what the papers call it.
-VARIANTS: dict[str, dict[str, str]] = {
+VARIANTS: dict[str, dict[str, str | int]] = {
     **{name: {"algo": name} for name in ALGORITHMS},
     "interval-decay": {"algo": "interval", "interval_schedule": "decay"},
     "interval-probe": {"algo": "interval", "interval_schedule": "probe"},
@@ -81,6 +81,9 @@ VARIANTS: dict[str, dict[str, str]] = {
     "interval-fit": {"algo": "interval", "threads_schedule": "cores", "lr_schedule": "tail"},
     # the control for interval-fit: what one thread per core does without intervals
     "hogwild-fit": {"algo": "hogwild", "threads_schedule": "cores"},
+    # interval-fit with y = 32 per active worker instead of a fixed 16
+    "interval-per-core": {"algo": "interval", "interval_schedule": "per-worker", "interval": 32,
+                          "threads_schedule": "cores", "lr_schedule": "tail"},
 }
 
 

@@ -183,7 +183,7 @@ class TrainConfig:
                     and self.start_y + self.probe_offset < self.y_min):
                 raise ConfigError(f"the probe window {{y0}} {self.start_y} +- {{probe_offset}} "
                                   f"{self.probe_offset} lies wholly below {{y_min}} {self.y_min}")
-            if self.y_min > self.start_y:
+            if self.interval_schedule != "per-worker" and self.y_min > self.start_y:
                 raise ConfigError(f"{{y_min}} {self.y_min} is above {{y0}} {self.start_y}")
         if self.threads_schedule != "fixed" and not ALGORITHMS[self.algo].stale:
             raise ConfigError(f"{{threads_schedule}} {self.threads_schedule} applies to "

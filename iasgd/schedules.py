@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from iasgd.config import TrainConfig
     from iasgd.results import RunResult
 
-INTERVAL_SCHEDULES = ("fixed", "decay", "probe", "follow-loss")
+INTERVAL_SCHEDULES = ("fixed", "decay", "probe", "follow-loss", "per-worker")
 THREAD_SCHEDULES = ("fixed", "window", "cores")
 LR_SCHEDULES = ("none", "inverse", "fleet", "tail")
 
@@ -88,6 +88,27 @@ class LossMonitor:
 @dataclass
 class Fixed:
     value: int
+
+    def update(self, applied: int, now: float, loss: float | None,
+               loss_first: float | None) -> int:
+        return self.value
+
+
+@dataclass
+class PerWorker:
+    """y = per_worker x the workers active now (m; Controllers keeps
+    `workers` current). The interval grows with the cores a run keeps busy:
+    its closing wait (about half a step of one worker, once per interval)
+    stays the same share of it, about 1 / (2 per_worker), and with y >= m no
+    core idles for want of a slot. Staleness is then bounded by y - 1 and in
+    practice set by the m workers computing at once (tau about m - 1)."""
+
+    per_worker: int
+    workers: int
+
+    @property
+    def value(self) -> int:
+        return self.per_worker * self.workers
 
     def update(self, applied: int, now: float, loss: float | None,
                loss_first: float | None) -> int:
@@ -307,18 +328,21 @@ class Controllers:
         self.cfg, self.result = cfg, result
         self.monitor = LossMonitor(cfg.loss_window or 3 * quota)
         interval = ALGORITHMS[cfg.algo].bound == "interval"
-        self.y = self._interval_controller(cfg) if interval else None
         self.m = None
         if cfg.threads_schedule == "window":
             self.m = thread_window(cfg.threads, cfg.m0 or cfg.threads, cfg.window,
                                    cfg.probe_steps, cfg.exec_steps)
         elif cfg.threads_schedule == "cores":
             self.m = Fixed(fitted_workers(cfg.threads, cores))
+        m0 = self.m.value if self.m is not None else cfg.threads
+        self.y = self._interval_controller(cfg, m0) if interval else None
         self.tail_sample_at = min(TAIL_SAMPLE, quota) if cfg.lr_schedule == "tail" else None
 
     @staticmethod
-    def _interval_controller(cfg: TrainConfig):
+    def _interval_controller(cfg: TrainConfig, workers: int):
         y0 = cfg.start_y
+        if cfg.interval_schedule == "per-worker":
+            return PerWorker(y0, workers)
         if cfg.interval_schedule == "decay":
             return Decay(y0, cfg.y_min, cfg.decay_every, cfg.decay_by)
         if cfg.interval_schedule == "follow-loss":
@@ -342,6 +366,13 @@ class Controllers:
         factors, written in place; staleness: the run's histogram so far."""
         loss = self.monitor.window_mean(losses_written)
         first = self.result.loss_first
+        if self.m is not None:
+            m = self.m.update(applied, now, loss, first)
+            if m != state[G.M] or not self.result.threads_trace:
+                G.set_active(state, m)
+                self.result.threads_trace.append([now, applied, m])
+        if isinstance(self.y, PerWorker):
+            self.y.workers = int(state[G.M])
         if self.y is not None:
             # the trace holds the y of the interval open now, as it changes;
             # a value put in Y_NEXT and replaced before any interval opened
@@ -350,11 +381,6 @@ class Controllers:
             if not trace or trace[-1][2] != opened:
                 trace.append([now, applied, opened])
             state[G.Y_NEXT] = min(self.y.update(applied, now, loss, first), G.MAX_Y)
-        if self.m is not None:
-            m = self.m.update(applied, now, loss, first)
-            if m != state[G.M] or not self.result.threads_trace:
-                G.set_active(state, m)
-                self.result.threads_trace.append([now, applied, m])
         if self.tail_sample_at is not None and applied >= self.tail_sample_at:
             factors[:] = lr_factors("tail", factors.size, self.cfg.threads,
                                          self.cfg.tail_amplitude, staleness())

@@ -270,6 +270,34 @@ def test_fitted_threads_run_one_step_per_core_and_keep_the_bound(tiny, monkeypat
     assert {m for _, _, m in result.threads_trace} == {2}
 
 
+def test_per_worker_y_is_the_interval_times_the_active_workers_and_follows_them():
+    cfg = engine.TrainConfig(algo="interval", threads=16, threads_schedule="cores",
+                             interval_schedule="per-worker", interval=32)
+    control = S.Controllers(cfg, 100, RunResult(status=Status.COMPLETED), cores=4)
+    assert control.new_gate()[G.Y] == 32 * 4
+    # a thread window moves m; y follows it at the next look
+    cfg = engine.TrainConfig(algo="interval", threads=16, threads_schedule="window", m0=8,
+                             interval_schedule="per-worker", interval=3, y_min=8)
+    control = S.Controllers(cfg, 100, RunResult(status=Status.COMPLETED))
+    state = control.new_gate()
+    assert state[G.Y] == 3 * state[G.M]
+    control.m = S.Fixed(5)
+    control.step(0.0, 0, 0, state, np.ones(4, np.float32), lambda: np.zeros(4, np.int64))
+    assert state[G.M] == 5 and state[G.Y_NEXT] == 3 * 5
+
+
+def test_a_per_worker_run_keeps_its_bound(tiny, monkeypatch):
+    """8 threads told they have 2 cores, 3 updates of y per active worker:
+    every interval opens with y = 6 and no update is staler than 5."""
+    monkeypatch.setattr(threads_executor, "usable_cores", lambda: 2)
+    model, data = tiny
+    cfg = engine.TrainConfig(algo="interval", threads=8, interval=3, epochs=1, batch_size=4,
+                             threads_schedule="cores", interval_schedule="per-worker")
+    result = threads_executor.ThreadedRun(model, data, cfg).run(Hooks())
+    assert {y for _, _, y in result.interval_trace} == {6}
+    assert result.bound_violations == 0 and result.staleness_max <= 5
+
+
 def voluntary_switches(native_id: int) -> int | None:
     """How often the thread went to sleep so far (Linux; None elsewhere)."""
     try:
