@@ -355,7 +355,7 @@ class Controllers:
 
     def new_gate(self) -> np.ndarray:
         """A gate state opening with the schedules' first y and m."""
-        return G.new_state(self.y.value if self.y is not None else G.UNBOUNDED,
+        return G.new_state(min(self.y.value, G.MAX_Y) if self.y is not None else G.UNBOUNDED,
                            active=self.m.value if self.m is not None else self.cfg.threads)
 
     def step(self, now: float, applied: int, losses_written: int, state: np.ndarray,

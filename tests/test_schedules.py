@@ -333,3 +333,10 @@ def test_parked_threads_sleep_through_the_run(lenet_data, monkeypatch):
     assert len(counts) == 14 and result.train_time_s > 0
     # a few for starting and for each epoch's allowance at most; not one per 10 ms
     assert max(counts.values()) <= 10 + 10 * result.train_time_s, (counts, result.train_time_s)
+
+
+def test_a_per_worker_y_past_the_largest_interval_opens_the_largest():
+    cfg = engine.TrainConfig(algo="interval", threads=4, interval=G.MAX_Y,
+                             interval_schedule="per-worker")
+    control = S.Controllers(cfg, 100, RunResult(status=Status.COMPLETED))
+    assert control.new_gate()[G.Y] == G.MAX_Y
