@@ -130,7 +130,8 @@ def run_mode(args: argparse.Namespace) -> dict:
     step_times = sim.measure_step_times(model, data, args.batch_size, 200)
     read_s, apply_s = sim.measure_sections(model)
     costs = sim.Costs(contention=args.contention, switch_s=args.switch, read_s=read_s,
-                      apply_s=apply_s, live_reads=not args.snapshot_reads)
+                      apply_s=apply_s, live_reads=not args.snapshot_reads,
+                      slice_spread=args.slice_spread)
     print(f"{cpus} CPUs, {time.strftime('%Y-%m-%d %H:%M')}, {args.seeds} seeds, "
           f"{args.dataset}, {args.epochs} epochs, eval every {args.eval_every}; one step alone "
           f"{1e3 * float(np.median(step_times)):.2f} ms; {costs}", flush=True)
@@ -194,7 +195,9 @@ def recorded_mode(args: argparse.Namespace) -> dict:
     saved = json.loads(Path(args.recorded).read_text())
     options, cpus = saved["options"], saved["machine"]["cpu_count"]
     costs = sim.Costs(contention=args.contention, switch_s=args.switch,
-                      live_reads=not args.snapshot_reads)
+                      live_reads=not args.snapshot_reads, slice_spread=args.slice_spread)
+    # the recorded per-core step time already holds what contention and switches cost
+    scheduler_only = sim.Costs(live_reads=costs.live_reads, slice_spread=args.slice_spread)
     how = (f"single-thread steps of {args.step_ms} ms with {costs}" if args.step_ms
            else "per-core step times of the recorded runs")
     print(f"against {args.recorded} ({cpus} CPUs, eval every {options.get('eval_every')}); "
@@ -211,7 +214,7 @@ def recorded_mode(args: argparse.Namespace) -> dict:
                     else cores * options["batch_size"] / rate)
             hist = simulated_staleness(algo, threads, cores, step, options,
                                        quantum=args.quantum,
-                                       costs=costs if args.step_ms else None)
+                                       costs=costs if args.step_ms else scheduler_only)
             c = agreement([r["staleness_hist"] for r in runs], [hist], {}, {})
             c["note"] = " (loss-steered: approximate)" if algo in LOSS_STEERED else ""
             out[f"{algo}@{threads}"] = c
@@ -238,6 +241,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--quantum", type=float, default=0.004, help="simulated time slice (s)")
     ap.add_argument("--contention", type=float, default=0.0, help="Costs.contention")
     ap.add_argument("--switch", type=float, default=0.0, help="Costs.switch_s (s)")
+    ap.add_argument("--slice-spread", type=float, default=0.0, help="Costs.slice_spread")
     ap.add_argument("--snapshot-reads", action="store_true",
                     help="Costs.live_reads off: a step reads a snapshot when it begins")
     ap.add_argument("--recorded", default=None, help="a real sweep of bench/scaling.py: "

@@ -66,7 +66,10 @@ def measured_steps(samples: np.ndarray) -> Callable[[np.random.Generator], float
 
 def measure_step_times(model: Model, data: Dataset, batch_size: int,
                        steps: int = 200) -> np.ndarray:
-    """Durations (s) of `steps` real single-thread training steps, after warm-up."""
+    """Durations (s) of `steps` real single-thread training steps, after
+    warm-up, less what a call from Python costs (typing and unboxing its
+    arguments, the median of as many calls of no step): real workers run
+    their steps inside one compiled loop and never pay it."""
     ws = model.workspace(batch_size)
     params = model.init(0)
     velocity = np.zeros_like(params)
@@ -74,16 +77,17 @@ def measure_step_times(model: Model, data: Dataset, batch_size: int,
     order = np.arange(images.shape[0], dtype=np.int64)
     per_epoch = images.shape[0] // batch_size
     losses = np.zeros(per_epoch)
-    times = np.empty(steps)
+    times, calls = np.empty(steps), np.empty(steps)
     with single_threaded_blas():  # as the workers run
-        for s in range(steps + 1):  # step 0 is the warm-up
-            t0 = time.perf_counter()
-            K.train_steps(K.Weights(params, velocity), ws.buffers,
-                          K.Images(images, data.y_train, *model.image_transform),
-                          K.Steps(order, s % per_epoch, 1, batch_size, 0.0, 0.0), losses)
-            if s:
-                times[s - 1] = time.perf_counter() - t0
-    return times
+        for s in range(steps + 1):  # round 0 is the warm-up
+            for n, out in ((1, times), (0, calls)):
+                t0 = time.perf_counter()
+                K.train_steps(K.Weights(params, velocity), ws.buffers,
+                              K.Images(images, data.y_train, *model.image_transform),
+                              K.Steps(order, s % per_epoch, n, batch_size, 0.0, 0.0), losses)
+                if s:
+                    out[s - 1] = time.perf_counter() - t0
+    return np.maximum(times - float(np.median(calls)), 1e-6)
 
 
 def measure_sections(model: Model, repeats: int = 200) -> tuple[float, float]:
@@ -131,6 +135,10 @@ class Costs:
         layers its forward pass has not reached yet (forward_positions).
         Off: the whole read is the snapshot taken when the step began
         (what the simulator did before issue 22).
+    slice_spread: the scheduler's slices are not all one quantum long (a
+        slice ends at a timer tick after the thread's share is used, other
+        threads' wake-ups cut it): each lasts quantum * U(1 - s, 1 + s).
+        0: every slice is exactly one quantum.
     """
 
     contention: float = 0.0
@@ -138,6 +146,7 @@ class Costs:
     read_s: float = 0.0
     apply_s: float = 0.0
     live_reads: bool = True
+    slice_spread: float = 0.0
 
 
 FORWARD_SHARE = 1 / 3  # of a step's compute: the backward pass costs about twice the forward
@@ -206,6 +215,7 @@ class _Sim(WorkerArrays):
         self.switch_s = costs.switch_s if math.isfinite(quantum) else 0.0
         self.result, self.quota, self.control = result, quota, control
         self.rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 3]))  # step times
+        self.slice_rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 4]))
         self.workers = [_Worker() for _ in range(cfg.threads)]
         self.runnable: deque[int] = deque()
         self.waiting: deque[int] = deque()  # wait gate: holding a ticket, no slot
@@ -434,10 +444,9 @@ class _Sim(WorkerArrays):
                 sk.spinning, sk.token = False, sk.token + 1
                 self.preempt(s)
 
-    def on_event(self, w: int, token: int) -> None:
+    def on_event(self, w: int) -> None:
+        """Worker w's queued event is due: its phase or its slice ended."""
         wk = self.workers[w]
-        if token != wk.token:
-            return  # voided: it left that run early
         ran = self.now - wk.since
         wk.slice_left -= ran
         if wk.spinning:  # its slice ran out while it spun for the lock
@@ -449,6 +458,13 @@ class _Sim(WorkerArrays):
         wk.cold = max(wk.cold - ran, 0.0)
         self.proceed(w)
 
+    def next_slice(self) -> float:
+        """How long the slice a worker gets now lasts (s)."""
+        spread = self.costs.slice_spread
+        if not spread or not math.isfinite(self.quantum):
+            return self.quantum
+        return self.quantum * float(self.slice_rng.uniform(1.0 - spread, 1.0 + spread))
+
     def dispatch(self) -> None:
         """Give free cores to the queued workers, front first."""
         while self.free_cores and self.runnable:
@@ -456,7 +472,7 @@ class _Sim(WorkerArrays):
             wk = self.workers[w]
             self.free_cores -= 1
             self.on_core.add(w)
-            wk.slice_left = self.quantum
+            wk.slice_left = self.next_slice()
             if wk.remaining > EPS:  # back to a step cut by its slice: its caches are cold
                 if self.live and wk.phase == COMPUTE:
                     left = wk.remaining - wk.cold  # of the step's own compute
@@ -490,10 +506,13 @@ class _Sim(WorkerArrays):
                              if self.workers[w].phase == IDLE and self.start_step(w))
         self.dispatch()
         while self.events:
-            self.now, _, w, token = heapq.heappop(self.events)
+            at, _, w, token = heapq.heappop(self.events)
+            if token != self.workers[w].token:
+                continue  # voided (w left that run early): no time passes for it
+            self.now = at
             if self.now >= self.next_tick:
                 self.steer()
-            self.on_event(w, token)
+            self.on_event(w)
             self.dispatch()
 
     def run_sync_rounds(self, limit: int) -> None:

@@ -170,6 +170,25 @@ def test_async_lock_serialises_its_critical_sections(tiny):
     assert runs["async"].staleness_hist.tolist() != runs["hogwild"].staleness_hist.tolist()
 
 
+def test_async_on_its_own_cores_ends_when_its_last_update_does(tiny):
+    """With a core each (no time slices), a worker spinning for the lock
+    waits for no event of its own. That wait once left a void event at
+    infinity in the queue, which set the clock to infinity when it was
+    popped: every --eval-every chunk after the first never ran and the run
+    lasted forever. Bounds by hand: each update holds the lock 1 ms alone
+    (>= 0.5 s for 500), and no update takes longer than its copy, step and
+    write one after the other (<= 2 ms each, 1 s in all)."""
+    model, data = tiny
+    cfg = engine.TrainConfig(algo="async", threads=8, epochs=1, batch_size=4, eval_every=100)
+    r = sim.simulate(model, data, cfg, constant_steps(0.001),
+                     costs=sim.Costs(read_s=0.0005, apply_s=0.0005))
+    assert r.applied == r.computed == 500 == r.staleness_hist.sum()
+    assert [a for _, a, _ in r.evals] == [100, 200, 300, 400, 500]
+    times = [t for t, _, _ in r.evals]
+    assert times == sorted(times) and times[-1] == r.train_time_s
+    assert 0.5 <= r.train_time_s <= 1.0
+
+
 def test_a_lock_holder_preempted_in_its_critical_section_stalls_the_others(tiny):
     """2 workers on 1 core, slices of 4 ms, steps of 3 ms (the last 1.5 ms
     the locked write) after a locked copy of 1 ms: a slice ends inside a
@@ -228,6 +247,26 @@ def test_a_step_cut_by_its_slice_pays_the_switch_when_it_resumes(tiny):
     assert plain.train_time_s == pytest.approx(0.75)
     own = sim.simulate(model, data, cfg, constant_steps(0.0015), costs=costs)
     assert own.train_time_s == pytest.approx(250 * 0.0015)
+
+
+def test_slices_of_varying_length_move_the_cuts_not_the_work(tiny):
+    """4 workers on 1 core, 1.5 ms steps: with slices of exactly 4 ms every
+    worker's third step is cut at the same point of every round, so the
+    staleness takes a few values only; with slices of 4 ms * U(0.5, 1.5)
+    the cuts fall anywhere and the histogram spreads. The core never idles
+    either way: 500 steps take 0.75 s of it. With a core each there are no
+    slices and the spread changes nothing."""
+    model, data = tiny
+    cfg = engine.TrainConfig(algo="hogwild", threads=4, epochs=1, batch_size=4)
+    fixed = sim.simulate(model, data, cfg, constant_steps(0.0015), cores=1)
+    spread = sim.simulate(model, data, cfg, constant_steps(0.0015), cores=1,
+                          costs=sim.Costs(slice_spread=0.5))
+    for r in (fixed, spread):
+        assert r.applied == 500 and r.train_time_s == pytest.approx(0.75)
+    assert np.count_nonzero(spread.staleness_hist) > np.count_nonzero(fixed.staleness_hist) + 2
+    own = [sim.simulate(model, data, cfg, constant_steps(0.0015), costs=sim.Costs(slice_spread=s))
+           for s in (0.0, 0.5)]
+    assert own[0].staleness_hist.tolist() == own[1].staleness_hist.tolist()
 
 
 def test_forward_positions_follow_the_layers_multiply_adds():
