@@ -29,7 +29,9 @@ MODEL_TESTS = ("tests/protocol/test_gate.py::test_interval_protocol_in_every_int
 # the visibility mutants: the model first, then real threads with sentinel parameters
 VISIBILITY_TESTS = (*MODEL_TESTS,
                     "tests/protocol/test_workers.py::test_every_read_sees_what_the_gate_promises")
-ORDERING_TESTS = ("tests/protocol/test_atomics.py::test_stores_are_sequentially_consistent",)
+ORDERING_TESTS = (
+    "tests/protocol/test_atomics.py::test_atomics_are_emitted_sequentially_consistent",
+    "tests/protocol/test_atomics.py::test_stores_are_sequentially_consistent")
 
 
 # apply_step's write and the gate steps around it, which the visibility

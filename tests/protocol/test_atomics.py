@@ -3,9 +3,11 @@ together (a spin on a shared flag) and hammer the same array slots."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
+import numba
 import numpy as np
 
 from iasgd.compiled import jit  # cached with iasgd's: these inline its atomics
@@ -136,6 +138,27 @@ def test_stores_are_sequentially_consistent():
     r = np.arange(1, rounds + 1)
     both_missed = int(((seen[0, :rounds] < r) & (seen[1, :rounds] < r)).sum())
     assert both_missed == 0, f"{both_missed} of {rounds} rounds reordered a store and a load"
+
+
+def test_atomics_are_emitted_sequentially_consistent():
+    """The ordering the gate's proof assumes is in the code LLVM is given:
+    every atomic load, store, add and compare-exchange is seq_cst. The
+    store-buffering test above checks what the hardware then does, but it
+    needs both threads on a core at once, which a busy machine seldom gives
+    (a mutant with monotonic ordering survived it beside two CPU-bound
+    processes); this check does not depend on the load."""
+    @numba.njit  # not cached: its LLVM IR is inspected
+    def every_atomic(arr):
+        atomic_store(arr, 0, 1)
+        atomic_add(arr, 1, atomic_load(arr, 0))
+        return atomic_cas(arr, 2, 0, 5)
+
+    assert every_atomic(np.zeros(3, np.int64)) == 0
+    ir = next(iter(every_atomic.inspect_llvm().values()))
+    atomics = [line for line in ir.splitlines()
+               if re.search(r"\b(atomicrmw|cmpxchg|load atomic|store atomic)\b", line)]
+    assert len(atomics) >= 4, ir
+    assert all("seq_cst" in line and "monotonic" not in line for line in atomics), atomics
 
 
 @jit
