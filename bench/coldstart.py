@@ -65,8 +65,10 @@ def time_to_first_step(args: argparse.Namespace, cache_dir: str | None) -> dict[
     if cache_dir is not None:
         env["NUMBA_CACHE_DIR"] = cache_dir
     env["COLDSTART_T0"] = repr(time.time())
+    # `python -c` puts the working directory first on sys.path, ahead of
+    # PYTHONPATH: run in REPO so that this checkout's iasgd is the one timed
     proc = subprocess.run([sys.executable, "-c", CHILD, spec], capture_output=True, text=True,
-                          env=env, timeout=900)
+                          env=env, timeout=900, cwd=REPO)
     if proc.returncode != 0:
         sys.exit(f"the child failed:\n{proc.stderr[-2000:]}")
     line = next(x for x in proc.stdout.splitlines() if x.startswith("COLDSTART "))
