@@ -547,7 +547,7 @@ def run_sweep(args: argparse.Namespace, out: Path) -> tuple[dict, float]:
         cores = f"{args.sim_cores} cores" if args.sim_cores else "one core per worker"
         print(f"SIMULATED runs: step times {steps}; {cores}; contention "
               f"{args.sim_contention:g}, switch {args.sim_switch:g} s")
-    partial = out.with_suffix(".partial.json")
+    partial = named(out, ".partial.json")
     runs, seconds_before = finished_runs(partial, args) if args.resume else ({}, 0.0)
     counts = list(dict.fromkeys([1, *args.threads]))  # sequential's one thread first
     combos = [(lr, a, n) for lr in args.lrs for n in counts for a in args.algos
@@ -692,12 +692,18 @@ def write_report(args: argparse.Namespace, runs: dict, out: Path, facts: dict) -
                             for lr, by_algo in summary.items()},
                 "headline": headline_rows,
                 "runs": {a: {str(n): rs for n, rs in by_n.items()} for a, by_n in runs.items()}}
-    files.write_json_atomic(out.with_suffix(".json"), document)
-    out.with_suffix(".md").write_text(text + "\n")
+    files.write_json_atomic(named(out, ".json"), document)
+    named(out, ".md").write_text(text + "\n")
     paths = plot(summary, runs, args, out)
-    print(f"wrote {out.with_suffix('.json')}, {out.with_suffix('.md')} and "
+    print(f"wrote {named(out, '.json')}, {named(out, '.md')} and "
           f"{', '.join(p.name for p in paths)}")
-    return json.loads(out.with_suffix(".json").read_text())
+    return json.loads(named(out, ".json").read_text())
+
+
+def named(out: Path, suffix: str) -> Path:
+    """`out` (the results' path, no suffix: --out-dir/--name) with `suffix`
+    appended: a name with a dot (sweep-lr0.01) keeps all of it."""
+    return out.with_name(out.name + suffix)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -715,7 +721,7 @@ def main(argv: list[str] | None = None) -> dict:
     facts = {"machine": results.machine_info(), "date": time.strftime("%Y-%m-%d"),
              "sweep_seconds": seconds}
     document = write_report(args, runs, out, facts)
-    out.with_suffix(".partial.json").unlink(missing_ok=True)
+    named(out, ".partial.json").unlink(missing_ok=True)
     return document
 
 

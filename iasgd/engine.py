@@ -18,8 +18,9 @@ from iasgd.algorithms import ALGORITHMS
 from iasgd.checkpoints import CheckpointError, check_fits, misfit
 from iasgd.config import ConfigError, TrainConfig, check_data, steps_per_epoch
 from iasgd.data import Dataset
+from iasgd.executors import precompile
 from iasgd.executors.sequential import SequentialRun
-from iasgd.executors.threads import ThreadedRun
+from iasgd.executors.threads import ThreadedRun, usable_cores
 from iasgd.nn.models import Model
 from iasgd.results import HIST_BINS, EpochRecord, Hooks, Live, RunResult, Snapshot, Status
 
@@ -56,7 +57,11 @@ def train(model: Model, data: Dataset, cfg: TrainConfig, hooks: Hooks | None = N
 
         return RayRun(model, data, cfg, resume, address, init).run(hooks or Hooks(),
                                                                    checkpoint_every)
-    return _runner(cfg)(model, data, cfg, resume, init).run(hooks or Hooks(), checkpoint_every)
+    runner = _runner(cfg)
+    # an empty numba cache: compile side by side in child processes first
+    precompile.compile_ahead(model, cfg.algo, lambda: runner(model, data, cfg, resume, init),
+                             usable_cores())
+    return runner(model, data, cfg, resume, init).run(hooks or Hooks(), checkpoint_every)
 
 
 def check_init(model: Model, init: np.ndarray, resume: Snapshot | None) -> None:

@@ -25,25 +25,17 @@ from iasgd import data as datasets
 from iasgd import options as O
 from iasgd.algorithms import ALGORITHMS
 from iasgd.config import ADAPTIVE, CLUSTER, MAX_THREADS, TRAINING, ConfigError, TrainConfig
+from iasgd.executors import precompile
 from iasgd.executors import simulated as sim
-from iasgd.nn import kernels as K
-from iasgd.nn import models, ops
+from iasgd.executors.threads import usable_cores
+from iasgd.nn import models
 from iasgd.options import option
-from iasgd.protocol import workers
 
 EXIT_USAGE = 2
 EXIT_FAILED = 1
 EXIT_DIVERGED = 3
 EXIT_SIGINT = 130
 EXIT_SIGTERM = 143
-# Seconds numba takes to compile, with an empty cache, on an idle 2-core VM
-# (bench/coldstart.py, 2026-12-01: LeNet-5's first step 19.4 s after start
-# sequential, 25.0 s with interval on 2 threads; docs/performance.md): the
-# network passes with the evaluation, each layer op the model uses (LeNet-5:
-# 10), and a parallel worker loop.
-NETWORK_COMPILE_S = 5
-OP_COMPILE_S = 1.4
-WORKER_LOOP_COMPILE_S = 6
 
 
 class UsageError(Exception):
@@ -537,10 +529,10 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     display.say(describe(args, model, data, time.perf_counter() - t0))
     if not args.quiet:
-        missing = uncached_kernels(args.algo, args.simulate,
-                                   plan=models.activation_plan(model.arch, model.layout, 1).table)
-        if missing:
-            display.compiling(compile_seconds(missing))
+        plan = models.activation_plan(model.arch, model.layout, 1).table
+        seconds = precompile.compile_estimate(args.algo, plan, usable_cores(), args.simulate)
+        if seconds:
+            display.compiling(seconds)
     if args.simulate:
         return simulate_and_report(args, model, data, display, init)
     return train_and_report(args, model, data, display, snapshot, init)
@@ -564,6 +556,7 @@ def build_model(args: argparse.Namespace, data: datasets.Dataset) -> models.Mode
 def simulate_and_report(args: argparse.Namespace, model: models.Model, data: datasets.Dataset,
                         display: Display, init: np.ndarray | None = None) -> int:
     """--simulate: the run's staleness and loss from iasgd.executors.simulated; times simulated."""
+    precompile.compile_ahead(model, args.algo, None, usable_cores())  # the layer ops
     measured = sim.measure_step_times(model, data, args.batch_size)
     display.compiled()
     if args.sim_step_spread is None:
@@ -588,42 +581,6 @@ def simulate_and_report(args: argparse.Namespace, model: models.Model, data: dat
     files.write_json_atomic(args.out, document)
     report(display, document, args.out)
     return diverged_exit(result, args)
-
-
-def kernel_entries(algo: str, simulate: bool = False, plan: np.ndarray | None = None) -> list:
-    """The compiled functions a run calls from Python (each compiles what it
-    calls): the training step or a worker loop, and the evaluation; and the
-    layer ops (iasgd.nn.ops) that `plan`, a model's plan table, uses."""
-    if not ALGORITHMS[algo].parallel:
-        entries = [K.train_steps, K.predict_images]
-    elif simulate:  # it measures step times, then makes the workers' calls one at a time
-        entries = [K.train_steps, workers.read_step, workers.compute_step, workers.apply_step,
-                   K.predict_images]
-    else:
-        loop = workers.sync_worker if ALGORITHMS[algo].loop == "sync" else workers.async_worker
-        entries = [K.network_loss_and_grad, loop, K.predict_images]
-    return entries + (ops.used(plan) if plan is not None else [])
-
-
-def uncached_kernels(algo: str, simulate: bool = False, cache_dir: str | None = None,
-                     plan: np.ndarray | None = None) -> list[str]:
-    """The names (`module.function`) of those `kernel_entries` that numba's
-    on-disk cache (default: iasgd's, iasgd.compiled.CACHE_DIR) lacks: this
-    run will compile them first."""
-    from iasgd import compiled
-
-    missing = compiled.uncached(kernel_entries(algo, simulate, plan),
-                                None if cache_dir is None else Path(cache_dir))
-    return [compiled.cache_index_name(d).split("-")[0] for d in missing]
-
-
-def compile_seconds(missing: list[str]) -> int:
-    """About how long compiling the `missing` entries takes (see NETWORK_COMPILE_S)."""
-    kinds = ["op" if e.endswith("_op") or e == "kernels.nothing"
-             else "loop" if e.startswith("workers.") else "network" for e in missing]
-    seconds = (OP_COMPILE_S * kinds.count("op") + NETWORK_COMPILE_S * ("network" in kinds)
-               + WORKER_LOOP_COMPILE_S * ("loop" in kinds))
-    return max(round(seconds), 2)
 
 
 def workspace_bytes(model: models.Model, args: argparse.Namespace) -> int:

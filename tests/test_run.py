@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 from iasgd import run
-from iasgd.nn import models, ops
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -336,47 +335,6 @@ def test_a_resume_with_nothing_left_to_train_is_refused(tmp_path, capsys):
 def test_no_checkpoint_writes_none(tmp_path):
     doc = trained(tmp_path, "r", "--epochs", "1", "--no-checkpoint")
     assert doc["checkpoint"] is None and [p.name for p in tmp_path.iterdir()] == ["r.json"]
-
-
-def test_uncached_kernels_reads_numba_index_files(tmp_path):
-    """numba's index of each entry point, found in any subdirectory (numba keeps
-    each source directory in one); an index of another Python does not count."""
-    from iasgd import compiled
-    from iasgd.nn import kernels as K
-    from iasgd.protocol import workers as W
-
-    def index(dispatcher) -> None:
-        (sub / compiled.cache_index_name(dispatcher)).touch()
-
-    assert run.uncached_kernels("sequential", cache_dir=str(tmp_path / "none")) == [
-        "kernels.train_steps", "kernels.predict_images"]
-    sub = tmp_path / "nn_1234abcd"
-    sub.mkdir()
-    index(K.train_steps)
-    (sub / compiled.cache_index_name(K.predict_images).replace(".py3", ".py2")).touch()
-    assert run.uncached_kernels("sequential", cache_dir=str(tmp_path)) == [
-        "kernels.predict_images"]
-    index(K.predict_images)
-    assert run.uncached_kernels("sequential", cache_dir=str(tmp_path)) == []
-    missing = run.uncached_kernels("hogwild", cache_dir=str(tmp_path))
-    assert missing == ["kernels.network_loss_and_grad", "workers.async_worker"]
-    assert run.compile_seconds(missing) == run.NETWORK_COMPILE_S + run.WORKER_LOOP_COMPILE_S
-    index(K.network_loss_and_grad)
-    index(W.async_worker)
-    assert run.uncached_kernels("interval", cache_dir=str(tmp_path)) == []
-    assert run.uncached_kernels("sync", cache_dir=str(tmp_path)) == ["workers.sync_worker"]
-    assert run.uncached_kernels("sync", simulate=True, cache_dir=str(tmp_path)) == [
-        "workers.read_step", "workers.compute_step", "workers.apply_step"]
-    # the layer ops a model uses: LeNet-5's direct 5x5 convolutions, not the 3x3 ones
-    lenet = models.build("lenet", "cifar10")
-    plan = models.activation_plan(lenet.arch, lenet.layout, 1).table
-    missing = run.uncached_kernels("sequential", cache_dir=str(tmp_path), plan=plan)
-    assert "kernels.conv5_forward_op" in missing and "kernels.dense_weights_op" in missing
-    assert not [m for m in missing if "conv3" in m or "pad" in m]
-    assert run.compile_seconds(missing) == round(run.OP_COMPILE_S * len(missing))
-    for op in ops.used(plan):
-        index(op)
-    assert run.uncached_kernels("sequential", cache_dir=str(tmp_path), plan=plan) == []
 
 
 def test_the_cache_index_name_is_numbas(tmp_path):

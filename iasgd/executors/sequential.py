@@ -25,6 +25,7 @@ from iasgd.results import (
     RunResult,
     Snapshot,
     Status,
+    load_evaluation,
     mean_step_loss,
     record_eval,
     restore_result,
@@ -100,12 +101,17 @@ class SequentialRun:
                 "result": result_meta(r)}
         return Snapshot(arrays, meta)
 
-    def run(self, hooks: Hooks, checkpoint_every: int = 0) -> RunResult:
-        # Load (or compile) the kernels before the clock starts: zero steps.
+    def load_kernels(self) -> None:
+        """Load (or compile) what the run calls from Python, before its clock
+        starts: the steps (a call of zero steps) and the evaluation."""
         n_train = self.images.shape[0]
         K.train_steps(self.weights, self.ws.buffers, self.inputs,
                       K.Steps(np.arange(n_train, dtype=np.int64), 0, 0, self.cfg.batch_size,
                               self.cfg.lr, self.cfg.momentum), self.losses)
+        load_evaluation(self.model, self.data, self.result.params)
+
+    def run(self, hooks: Hooks, checkpoint_every: int = 0) -> RunResult:
+        self.load_kernels()
         with single_threaded_blas():  # the kernels' GEMMs: one core
             return run_epochs(self, hooks, checkpoint_every)
 

@@ -39,6 +39,7 @@ from iasgd.results import (
     RunResult,
     Snapshot,
     Status,
+    load_evaluation,
     record_epoch,
     record_eval,
     restore_result,
@@ -228,9 +229,15 @@ class ThreadedRun:
                 "result": result_meta(self.result), "control": self.control.state()}
         return Snapshot(arrays, meta)
 
+    def load_kernels(self) -> None:
+        """Load (or compile) what the run calls from Python, before its clock
+        starts: the worker loop and the evaluation."""
+        self.team.warm_up()
+        load_evaluation(self.model, self.data, self.team.params)
+
     def run(self, hooks: Hooks, checkpoint_every: int = 0) -> RunResult:
         with single_threaded_blas():  # the kernels' GEMMs: one core per worker thread
-            self.team.warm_up()
+            self.load_kernels()
             self.team.start(self.segment)
             try:
                 result = run_epochs(self, hooks, checkpoint_every)

@@ -37,6 +37,7 @@ from collections import namedtuple
 import numpy as np
 
 from iasgd.compiled import jit_fastmath as jit
+from iasgd.compiled import jit_inline
 
 # train_steps' arguments in bundles (named tuples, which numba passes as one):
 # params, velocity: (P,) float32; grad: (P,); net: the network (Net below);
@@ -447,7 +448,7 @@ def _conv3_backward_input(w, dout, dx, width):
             c += 1
 
 
-@jit
+@jit_inline
 def _span(L, P, last):
     """How far a vectorised loop over a wide plane runs: the valid span L
     rounded up to whole AVX vectors of 8 when that stays inside the plane of
@@ -462,19 +463,19 @@ def _span(L, P, last):
     return M
 
 
-@jit
+@jit_inline
 def _taps3(w, o, c, kh):
     return w[o, c, kh, 0], w[o, c, kh, 1], w[o, c, kh, 2]
 
 
-@jit
+@jit_inline
 def _add_taps3(dw, o, c, kh, a0, a1, a2):
     dw[o, c, kh, 0] += a0
     dw[o, c, kh, 1] += a1
     dw[o, c, kh, 2] += a2
 
 
-@jit
+@jit_inline
 def _input_grad_head3(t, d, w0, w1):
     """t[i] += sum_{k <= i} w_k d[i - k] for i < 2, where taps fall before d."""
     t[0] += w0 * d[0]
@@ -484,7 +485,7 @@ def _input_grad_head3(t, d, w0, w1):
 # ------------------------------------------------------- im2col + GEMM conv
 
 
-@jit
+@jit_inline
 def im2col(xf, S, k, L, col):
     """The column matrix of one sample: col[(c*k + kh)*k + kw, p] =
     xf[c, kh*S + kw + p] for p < L, zero for L <= p < OH*S (col's width).
@@ -504,7 +505,7 @@ def im2col(xf, S, k, L, col):
                 r += 1
 
 
-@jit
+@jit_inline
 def col2im(dcol, S, k, L, dxf):
     """im2col's transpose: dxf (C, H*S) = the sum of dcol's rows at their
     offsets (overwritten). Junk columns of dxf stay zero when dcol is zero
@@ -591,7 +592,7 @@ def conv_backward_input_gemm(w2, dout, dx, width, dcol):
         col2im(dcol, S, k, L, dxf[n])
 
 
-@jit
+@jit_inline
 def _kernel_size(CKK, C):
     """k from C*k*k and C."""
     k = 1
@@ -659,7 +660,7 @@ def flatten_backward(dout, width, dx):
                 dx[n, c, i, width:] = 0
 
 
-@jit
+@jit_inline
 def _input_grad_head(t, d, w0, w1, w2, w3):
     """t[i] += sum_{k <= i} w_k d[i - k] for i < 4, where taps fall before d."""
     t[0] += w0 * d[0]
@@ -668,12 +669,12 @@ def _input_grad_head(t, d, w0, w1, w2, w3):
     t[3] += w0 * d[3] + w1 * d[2] + w2 * d[1] + w3 * d[0]
 
 
-@jit
+@jit_inline
 def _taps(w, o, c, kh):
     return w[o, c, kh, 0], w[o, c, kh, 1], w[o, c, kh, 2], w[o, c, kh, 3], w[o, c, kh, 4]
 
 
-@jit
+@jit_inline
 def _add_taps(dw, o, c, kh, a0, a1, a2, a3, a4):
     dw[o, c, kh, 0] += a0
     dw[o, c, kh, 1] += a1
@@ -682,7 +683,7 @@ def _add_taps(dw, o, c, kh, a0, a1, a2, a3, a4):
     dw[o, c, kh, 4] += a4
 
 
-@jit
+@jit_inline
 def _sum(v):
     s = v.dtype.type(0)
     for i in range(v.size):
@@ -891,7 +892,7 @@ def dense_backward_input(w, dout, da):
         o += 1
 
 
-@jit
+@jit_inline
 def relu_inplace(z):
     """z = max(z, 0), any shape (flat view taken)."""
     f = z.reshape(z.size)
@@ -900,7 +901,7 @@ def relu_inplace(z):
             f[i] = 0
 
 
-@jit
+@jit_inline
 def relu_backward_inplace(dz, z):
     """dz *= (z > 0), where z holds the ReLU *output*; same shapes."""
     df = dz.reshape(dz.size)
@@ -1037,7 +1038,7 @@ def gather_images(images, idx, scale, shift, x):
             dst[k] = src[k] * a + c
 
 
-@jit
+@jit_inline
 def copy_values(src, dst):
     """dst[i] = src[i] for the 1-D arrays' src.size elements. A loop, not slice
     assignment: numba compiles a shape-mismatch error path for every slice
@@ -1208,7 +1209,7 @@ def dense_input_op(params, grad, plan, i, acts, dacts, argmax, n):
                          _view2(dacts, row[P_XOFF], n, row[P_C]))
 
 
-@jit
+@jit_inline
 def _conv_io(params, plan, i, acts, n):
     """A conv row's input (n, C, H, S), wide output (n, CO, OH*OS) and bias."""
     row = plan[i]
@@ -1216,7 +1217,7 @@ def _conv_io(params, plan, i, acts, n):
             params[row[P_BOFF]:row[P_BOFF] + row[P_CO]])
 
 
-@jit
+@jit_inline
 def _conv_grads(grad, plan, i, acts, dacts, n):
     """A conv row's input, output gradient and bias gradient."""
     row = plan[i]
@@ -1224,33 +1225,33 @@ def _conv_grads(grad, plan, i, acts, dacts, n):
             grad[row[P_BOFF]:row[P_BOFF] + row[P_CO]])
 
 
-@jit
+@jit_inline
 def _conv_weights(flat, row):
     k = row[P_K]
     return _view4(flat, row[P_WOFF], row[P_CO], row[P_C], k, k)
 
 
-@jit
+@jit_inline
 def _dense_weights(flat, row):
     return _view2(flat, row[P_WOFF], row[P_CO], row[P_C])
 
 
-@jit
+@jit_inline
 def _input4(flat, row, n):
     return _view4(flat, row[P_XOFF], n, row[P_C], row[P_H], row[P_S])
 
 
-@jit
+@jit_inline
 def _output4(flat, row, n):
     return _view4(flat, row[P_ZOFF], n, row[P_CO], row[P_OH], row[P_OS])
 
 
-@jit
+@jit_inline
 def _output_grad3(flat, row, n):
     return _view3(flat, row[P_ZOFF], n, row[P_CO], row[P_OH] * row[P_OS])
 
 
-@jit
+@jit_inline
 def _argmax4(argmax, row, n):
     return _view4(argmax, row[P_AOFF], n, row[P_CO], row[P_OH], row[P_OW])
 
@@ -1333,7 +1334,7 @@ def predict_images(params, net, acts, argmax, capacity, images, scale, shift, ou
         argmax_rows(_view2(acts, last[P_ZOFF], n, last[P_CO]), out[start:start + n])
 
 
-@jit
+@jit_inline
 def _pooled(flat, row, n):
     """A pool row's (n, CO, OH, OW) output inside its map, which has a zero
     border of K pixels when it is the input of a "same" conv (row stride OS)."""
@@ -1342,16 +1343,16 @@ def _pooled(flat, row, n):
     return full[:, :, B:B + row[P_OH], B:B + row[P_OW]]
 
 
-@jit
+@jit_inline
 def _view2(flat, off, a, b):
     return flat[off:off + a * b].reshape((a, b))
 
 
-@jit
+@jit_inline
 def _view3(flat, off, a, b, c):
     return flat[off:off + a * b * c].reshape((a, b, c))
 
 
-@jit
+@jit_inline
 def _view4(flat, off, a, b, c, d):
     return flat[off:off + a * b * c * d].reshape((a, b, c, d))

@@ -19,6 +19,8 @@ being `nothing`, so the compiled functions that take a Net have one type.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import numba
@@ -124,10 +126,29 @@ def _typeof_net(net: K.Net, c: Any) -> Any:
     return _NET_TYPES[key]
 
 
+_STAND_INS = [False]  # inside `stand_ins()`: tables hold `nothing` only
+
+
+@contextlib.contextmanager
+def stand_ins() -> Iterator[None]:
+    """Inside the block every op table built holds the compiled `nothing` in
+    every position: a Net of the same numba type as the real one, so that
+    the functions that take it compile (and are cached) just as for the
+    real one, without waiting for its ops to compile (another process
+    compiles those: iasgd.executors.precompile). Such a Net computes
+    nothing: whatever runs with it leaves its outputs meaningless."""
+    _STAND_INS[0] = True
+    try:
+        yield
+    finally:
+        _STAND_INS[0] = False
+
+
 def table(plan: np.ndarray, dtype: Any = np.float32) -> OpTable:
     """The op table of a Net for `plan`: position p holds OPS[p] compiled
-    for `dtype` if the plan calls it, else the compiled `nothing`."""
-    needed = {op.__name__ for op in used(plan)}
+    for `dtype` if the plan calls it, else the compiled `nothing` (in every
+    position inside `stand_ins`)."""
+    needed = set() if _STAND_INS[0] else {op.__name__ for op in used(plan)}
     idle = compiled_op(K.nothing, dtype)
     ops = OpTable(compiled_op(op, dtype) if op.__name__ in needed else idle for op in OPS)
     ops.numba_type = types.UniTuple(types.FunctionType(signature(dtype)), len(ops))

@@ -58,9 +58,11 @@ def test_simulated_sweep_takes_the_step_time_it_is_given(tmp_path):
     machine's own speed (a busy machine inflates measured steps)."""
     doc = scaling.main(["--quick", "--simulate", "--threads", "4", "--algos", "hogwild",
                         "--seeds", "1", "--sim-step-ms", "2", "--sim-step-spread", "0",
-                        "--name", "fixed", "--out-dir", str(tmp_path)])
+                        "--name", "fixed-lr0.02", "--out-dir", str(tmp_path)])
     rate = doc["summary"]["0.02"]["hogwild"]["4"]["samples_per_s"][0]
     assert rate == pytest.approx(2000 * doc["options"]["batch_size"], rel=0.02)
+    # a name with a dot keeps it: its files are <name>.json and <name>.md
+    assert {"fixed-lr0.02.json", "fixed-lr0.02.md"} <= {p.name for p in tmp_path.iterdir()}
 
 
 def test_a_sweep_runs_every_combination_once_per_seed_before_the_next_seed(tmp_path,

@@ -1,0 +1,234 @@
+"""Compile a run's kernels before it starts, side by side, in child processes.
+
+A cold start (an empty numba cache) is numba compiling what the run calls:
+each layer op its model uses (iasgd.nn.ops, one C callback each), the
+sequential steps or a worker loop, and the evaluation. numba compiles one
+function after another on one core. `compile_ahead` hands them to child
+processes instead, as many as the run may use cores, forked once the run has
+its model and data. Each child compiles its share into numba's on-disk cache,
+and the run then loads everything from there, as on any later start.
+
+- The functions the executor calls from Python form one job. Its child
+  builds the executor with stand-in op tables (iasgd.nn.ops.stand_ins: the
+  same numba type, no ops to wait for) and calls its `load_kernels`: the
+  run's own calls with the run's own types, so what it caches is exactly
+  what the run looks up.
+- Each layer op the cache lacks is a job of its own.
+- numba's cache takes writers side by side only if no two of them write
+  entries of the same function: two new entries can pick the same file
+  name. So every cached function must be reached from one job only. The
+  helpers that ops share are inlined (iasgd.compiled.jit_inline), and the
+  executor's functions are all one job. tests/executors/test_precompile.py
+  checks this.
+
+Nothing depends on it. A child that fails leaves what it did not compile
+uncached, and the run compiles that itself, as it would without children.
+It runs only where processes fork (Linux); elsewhere a run compiles
+in-process.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from iasgd.algorithms import ALGORITHMS
+from iasgd.nn import kernels as K
+from iasgd.nn import models, ops
+from iasgd.protocol import workers
+
+# Seconds that compiling each kind of job takes on one core of an idle
+# 2-core VM (bench/coldstart.py and per-job timings, 2026-12-01). The network
+# job covers the steps and the evaluation; a worker loop job adds the loop.
+# Loading what the children cached takes about LOAD_S.
+NETWORK_COMPILE_S = 5.0
+WORKER_LOOP_COMPILE_S = 8.0
+OP_COMPILE_S = {"conv": 2.5, "dense": 2.0}  # by the op's name; any other: OTHER_OP_S
+OTHER_OP_S = 1.0
+LOAD_S = 1.0
+# Each compiling process holds a few hundred MB: more than this many children
+# would not shorten a cold start much (a model uses at most ~15 ops).
+MAX_CHILDREN = 8
+
+
+class Executor(Protocol):
+    def load_kernels(self) -> None:
+        """Load (or compile) what the run calls from Python."""
+
+
+@dataclass(frozen=True)
+class Job:
+    """What one child compiles: `run()` puts it in the on-disk cache."""
+
+    name: str
+    seconds: float  # the estimate that balances the children's shares
+    run: Callable[[], Any]
+
+
+def kernel_entries(algo: str, simulate: bool = False, plan: np.ndarray | None = None) -> list:
+    """The compiled functions a run calls from Python (each compiles what it
+    calls): the training step or a worker loop, and the evaluation; and the
+    layer ops (iasgd.nn.ops) that `plan`, a model's plan table, uses."""
+    if not ALGORITHMS[algo].parallel:
+        entries = [K.train_steps, K.predict_images]
+    elif simulate:  # it measures step times, then makes the workers' calls one at a time
+        entries = [K.train_steps, workers.read_step, workers.compute_step, workers.apply_step,
+                   K.predict_images]
+    else:
+        entries = [K.network_loss_and_grad, worker_loop(algo), K.predict_images]
+    return entries + (ops.used(plan) if plan is not None else [])
+
+
+def worker_loop(algo: str) -> Any:
+    """The compiled loop that the worker threads of `algo` run."""
+    return workers.sync_worker if ALGORITHMS[algo].loop == "sync" else workers.async_worker
+
+
+def uncached_kernels(algo: str, simulate: bool = False, cache_dir: str | None = None,
+                     plan: np.ndarray | None = None) -> list[str]:
+    """The names (`module.function`) of those `kernel_entries` that numba's
+    on-disk cache (default: iasgd's, iasgd.compiled.CACHE_DIR) lacks: this
+    run will compile them first."""
+    return [name for name, _ in _uncached(algo, simulate, cache_dir, plan)]
+
+
+def _uncached(algo: str, simulate: bool, cache_dir: str | None,
+              plan: np.ndarray | None) -> list[tuple[str, Any]]:
+    # imported here: a module-level import would make this module part of
+    # the compiled cache's key (iasgd.compiled), and editing it empty the cache
+    from iasgd import compiled
+
+    missing = compiled.uncached(kernel_entries(algo, simulate, plan),
+                                None if cache_dir is None else Path(cache_dir))
+    return [(compiled.cache_index_name(d).split("-")[0], d) for d in missing]
+
+
+def jobs(algo: str, plan: np.ndarray, executor: Callable[[], Executor] | None,
+         cache_dir: str | None = None) -> list[Job]:
+    """The jobs that compile what a run of `algo` on a model with `plan`
+    needs and the cache lacks: one per layer op, and one for the functions
+    the executor calls (a call of `executor().load_kernels()` with stand-in
+    op tables; None: they are compiled in-process, e.g. by the simulator).
+    Not `nothing`, which the run compiles first (compile_ahead)."""
+    missing = _uncached(algo, False, cache_dir, plan)
+    found: list[Job] = []
+    if executor is not None and any(d not in ops.OPS for _, d in missing):
+        seconds = NETWORK_COMPILE_S + WORKER_LOOP_COMPILE_S * ALGORITHMS[algo].parallel
+        found.append(Job("executor", seconds, lambda: _load_with_stand_ins(executor)))
+    # `nothing` is compiled before the children start (compile_ahead)
+    return found + [Job(name, op_seconds(d), _op_compiler(d)) for name, d in missing
+                    if d in ops.OPS and d is not K.nothing]
+
+
+def op_seconds(op: Any) -> float:
+    """About how long compiling the layer op `op` takes."""
+    return next((seconds for prefix, seconds in OP_COMPILE_S.items()
+                 if op.__name__.startswith(prefix)), OTHER_OP_S)
+
+
+def _op_compiler(op: Any) -> Callable[[], Any]:
+    return lambda: ops.compiled_op(op)
+
+
+def _load_with_stand_ins(executor: Callable[[], Executor]) -> None:
+    with ops.stand_ins():
+        executor().load_kernels()
+
+
+def shares(todo: list[Job], processes: int) -> list[list[Job]]:
+    """`todo` split over at most `processes` children: longest job first,
+    each to the child with the least work so far."""
+    split: list[list[Job]] = [[] for _ in range(max(1, min(processes, len(todo))))]
+    for job in sorted(todo, key=lambda j: -j.seconds):
+        min(split, key=lambda share: sum(j.seconds for j in share)).append(job)
+    return [share for share in split if share]
+
+
+def compile_seconds(todo: list[Job], processes: int) -> float:
+    """About how long compiling `todo` takes with `processes` children (0:
+    in-process, one job after another): the longest share, and loading what
+    the children cached."""
+    if not todo:
+        return 0.0
+    longest = max(sum(j.seconds for j in share) for share in shares(todo, processes))
+    return longest + LOAD_S * (processes > 0)
+
+
+def compile_estimate(algo: str, plan: np.ndarray, cores: int, simulate: bool = False) -> int:
+    """About how many seconds a run of `algo` on a model with `plan` spends
+    compiling before it starts, on `cores` cores (0: the cache has it all;
+    else at least 2, to say something). A simulated run compiles its entries
+    in-process, after the ops."""
+    todo = jobs(algo, plan, None if simulate else _not_called)
+    seconds = compile_seconds(todo, children(todo, cores))
+    if simulate and any(d not in ops.OPS for _, d in _uncached(algo, True, None, plan)):
+        seconds += NETWORK_COMPILE_S + WORKER_LOOP_COMPILE_S
+    return max(round(seconds), 2) if seconds else 0
+
+
+def _not_called() -> Executor:
+    raise AssertionError("an estimate builds no executor")
+
+
+def children(todo: list[Job], cores: int) -> int:
+    """How many children compile `todo` on `cores` cores: 0 where it is not
+    worth it (one job) or processes do not fork."""
+    if len(todo) < 2 or cores < 2 or not sys.platform.startswith("linux"):
+        return 0
+    return min(cores, len(todo), MAX_CHILDREN)
+
+
+def run_in_children(todo: list[Job], processes: int) -> list[int]:
+    """Run `todo` in `processes` forked children, each its share (`shares`),
+    and wait for them; returns their exit codes (0: every job of the share
+    ran). A job that raises leaves the rest of its share to run."""
+    for stream in (sys.stdout, sys.stderr):  # else each child prints what they hold again
+        stream.flush()
+    context = multiprocessing.get_context("fork")
+    procs = [context.Process(target=_run_share, args=(share,), daemon=True,
+                             name=f"iasgd-compile-{i}")
+             for i, share in enumerate(shares(todo, processes))]
+    try:
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join()
+    finally:  # interrupted: take the children down too
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+                p.join()
+    return [int(p.exitcode or 0) for p in procs]
+
+
+def _run_share(share: list[Job]) -> None:
+    failed = 0
+    for job in share:
+        try:
+            job.run()
+        except Exception:  # the run compiles it itself, and reports what goes wrong
+            failed += 1
+    sys.exit(1 if failed else 0)
+
+
+def compile_ahead(model: models.Model, algo: str, executor: Callable[[], Executor],
+                  cores: int) -> int:
+    """Compile in children (`children` of them on `cores`) what a run of
+    `algo` on `model` needs and the cache lacks; `executor` builds the run's
+    executor. Returns the number of children (0: none were needed or could
+    run; the run compiles in-process)."""
+    plan = models.activation_plan(model.arch, model.layout, 1).table
+    todo = jobs(algo, plan, executor)
+    processes = children(todo, cores)
+    if processes:
+        # the stand-ins' op, compiled here first: each child inherits numba's
+        # compiler with its first-use setup done, instead of each doing it
+        ops.compiled_op(K.nothing)
+        run_in_children(todo, processes)
+    return processes

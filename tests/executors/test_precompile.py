@@ -1,0 +1,234 @@
+"""Tests for iasgd.executors.precompile: which kernels a run compiles, the
+children that compile them side by side, and the rule that keeps numba's
+cache safe for them (every cached function reached from one job only)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import numba
+import pytest
+
+from iasgd import compiled
+from iasgd.algorithms import ALGORITHMS
+from iasgd.executors import precompile as P
+from iasgd.nn import kernels as K
+from iasgd.nn import models, ops
+from iasgd.protocol import workers as W
+
+REPO = Path(__file__).resolve().parents[2]
+JIT = not numba.config.DISABLE_JIT
+
+
+def plan_of(name: str):
+    model = models.build(name, "cifar10")
+    return models.activation_plan(model.arch, model.layout, 1).table
+
+
+def index(folder: Path, dispatcher) -> None:
+    """What numba's cache writes for `dispatcher`, as far as `uncached` looks."""
+    (folder / compiled.cache_index_name(dispatcher)).touch()
+
+
+def test_uncached_kernels_reads_numba_index_files(tmp_path):
+    """numba's index of each entry point, found in any subdirectory (numba keeps
+    each source directory in one); an index of another Python does not count."""
+    assert P.uncached_kernels("sequential", cache_dir=str(tmp_path / "none")) == [
+        "kernels.train_steps", "kernels.predict_images"]
+    sub = tmp_path / "nn_1234abcd"
+    sub.mkdir()
+    index(sub, K.train_steps)
+    (sub / compiled.cache_index_name(K.predict_images).replace(".py3", ".py2")).touch()
+    assert P.uncached_kernels("sequential", cache_dir=str(tmp_path)) == [
+        "kernels.predict_images"]
+    index(sub, K.predict_images)
+    assert P.uncached_kernels("sequential", cache_dir=str(tmp_path)) == []
+    assert P.uncached_kernels("hogwild", cache_dir=str(tmp_path)) == [
+        "kernels.network_loss_and_grad", "workers.async_worker"]
+    index(sub, K.network_loss_and_grad)
+    index(sub, W.async_worker)
+    assert P.uncached_kernels("interval", cache_dir=str(tmp_path)) == []
+    assert P.uncached_kernels("sync", cache_dir=str(tmp_path)) == ["workers.sync_worker"]
+    assert P.uncached_kernels("sync", simulate=True, cache_dir=str(tmp_path)) == [
+        "workers.read_step", "workers.compute_step", "workers.apply_step"]
+    # the layer ops a model uses: LeNet-5's direct 5x5 convolutions, not the 3x3 ones
+    plan = plan_of("lenet")
+    missing = P.uncached_kernels("sequential", cache_dir=str(tmp_path), plan=plan)
+    assert "kernels.conv5_forward_op" in missing and "kernels.dense_weights_op" in missing
+    assert not [m for m in missing if "conv3" in m or "pad" in m]
+    for op in ops.used(plan):
+        index(sub, op)
+    assert P.uncached_kernels("sequential", cache_dir=str(tmp_path), plan=plan) == []
+
+
+def test_the_jobs_are_one_per_missing_op_and_one_for_the_executor(tmp_path):
+    plan = plan_of("lenet")
+    todo = P.jobs("sequential", plan, executor=lambda: None, cache_dir=str(tmp_path))
+    op_names = [f"kernels.{op.__name__}" for op in ops.used(plan) if op is not K.nothing]
+    assert [j.name for j in todo] == ["executor", *op_names]
+    assert todo[0].seconds == P.NETWORK_COMPILE_S
+    assert {j.name: j.seconds for j in todo}["kernels.conv5_forward_op"] == P.OP_COMPILE_S["conv"]
+    assert {j.name: j.seconds for j in todo}["kernels.pool_input_op"] == P.OTHER_OP_S
+    interval = P.jobs("interval", plan, executor=lambda: None, cache_dir=str(tmp_path))
+    assert interval[0].seconds == P.NETWORK_COMPILE_S + P.WORKER_LOOP_COMPILE_S
+    # no executor (the simulator compiles its own calls): the ops only
+    assert [j.name for j in P.jobs("interval", plan, None, str(tmp_path))] == op_names
+    for d in P.kernel_entries("sequential"):
+        index(tmp_path, d)
+    assert [j.name for j in P.jobs("sequential", plan, lambda: None, str(tmp_path))] == op_names
+    for op in ops.used(plan):
+        index(tmp_path, op)
+    assert P.jobs("sequential", plan, lambda: None, str(tmp_path)) == []
+
+
+def job(name: str, seconds: float) -> P.Job:
+    return P.Job(name, seconds, lambda: None)
+
+
+def test_shares_put_the_longest_job_first_on_the_least_loaded_child():
+    todo = [job("a", 1), job("b", 5), job("c", 2), job("d", 2), job("e", 3)]
+    assert [[j.name for j in s] for s in P.shares(todo, 2)] == [["b", "d"], ["e", "c", "a"]]
+    assert [[j.name for j in s] for s in P.shares(todo, 9)] == [["b"], ["e"], ["c"], ["d"],
+                                                                 ["a"]]
+    assert [[j.name for j in s] for s in P.shares(todo, 0)] == [["b", "e", "c", "d", "a"]]
+    assert P.compile_seconds(todo, 2) == 7 + P.LOAD_S  # the longest share, then loading it
+    assert P.compile_seconds(todo, 0) == 13  # in-process: nothing to load
+    assert P.compile_seconds([], 2) == 0
+
+
+def test_children_compile_only_where_it_pays_and_processes_fork(monkeypatch):
+    todo = [job(str(i), 1) for i in range(12)]
+    if sys.platform.startswith("linux"):
+        assert P.children(todo, 16) == P.MAX_CHILDREN
+        assert P.children(todo[:3], 16) == 3
+        assert P.children(todo, 2) == 2
+    assert P.children(todo, 1) == 0
+    assert P.children(todo[:1], 16) == 0
+    monkeypatch.setattr(sys, "platform", "darwin")
+    assert P.children(todo, 16) == 0
+
+
+def test_the_estimate_counts_the_children_and_the_simulators_own_compiling(monkeypatch,
+                                                                          tmp_path):
+    plan = plan_of("lenet")
+    real = P._uncached
+    monkeypatch.setattr(P, "_uncached", lambda algo, sim, _, plan: real(algo, sim,
+                                                                           str(tmp_path), plan))
+    todo = P.jobs("sequential", plan, lambda: None, str(tmp_path))
+    assert P.compile_estimate("sequential", plan, 1) == round(sum(j.seconds for j in todo))
+    if sys.platform.startswith("linux"):
+        assert P.compile_estimate("sequential", plan, 2) == round(P.compile_seconds(todo, 2))
+    for d in P.kernel_entries("sequential", plan=plan):
+        index(tmp_path, d)
+    assert P.compile_estimate("sequential", plan, 2) == 0
+    ops_only = P.jobs("interval", plan, None, str(tmp_path))
+    assert P.compile_estimate("interval", plan, 1, simulate=True) == round(
+        sum(j.seconds for j in ops_only) + P.NETWORK_COMPILE_S + P.WORKER_LOOP_COMPILE_S)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="children fork on Linux only")
+def test_every_job_runs_in_a_child_and_one_that_fails_stops_no_other(tmp_path):
+    def writes(name: str):
+        return lambda: (tmp_path / name).write_text(str(os.getpid()))
+
+    def fails():
+        raise ValueError("a failing compile")
+
+    todo = [P.Job("a", 3, writes("a")), P.Job("bad", 2, fails), P.Job("b", 1, writes("b")),
+            P.Job("c", 1, writes("c"))]
+    codes = P.run_in_children(todo, 2)
+    assert sorted(codes) == [0, 1]  # the share with the failing job says so
+    pids = {name: int((tmp_path / name).read_text()) for name in "abc"}
+    assert os.getpid() not in pids.values()
+    shares = [[j.name for j in share] for share in P.shares(todo, 2)]
+    assert shares == [["a", "c"], ["bad", "b"]]
+    assert pids["a"] == pids["c"] != pids["b"]  # b ran after bad failed in its share
+
+
+def test_stand_in_tables_have_the_real_type_and_run_nothing():
+    plan = plan_of("lenet")
+    real = ops.network(plan)
+    with ops.stand_ins():
+        stand_in = ops.network(plan)
+    assert ops.network(plan).ops == real.ops  # the switch is off again
+    assert numba.typeof(stand_in) == numba.typeof(real)
+    idle = ops.compiled_op(K.nothing)
+    assert all(entry is idle for entry in stand_in.ops)
+    assert not all(entry is idle for entry in real.ops)
+
+
+def _callees(func, found: set) -> set:
+    """The compiled functions `func` calls, directly or through them: the
+    global names its code reads, and names read as attributes of a module
+    it reads (K.network_loss_and_grad)."""
+    code = getattr(func, "py_func", func).__code__
+    space = getattr(func, "py_func", func).__globals__
+    names = set(code.co_names)
+    for const in code.co_consts:  # nested functions and comprehensions
+        if isinstance(const, types.CodeType):
+            names |= set(const.co_names)
+    seen = [space.get(n) for n in names]
+    seen += [getattr(m, n, None) for m in seen if isinstance(m, types.ModuleType) for n in names]
+    for obj in seen:
+        if isinstance(obj, numba.core.registry.CPUDispatcher) and obj not in found:
+            found.add(obj)
+            _callees(obj, found)
+    return found
+
+
+def _cached(dispatcher) -> bool:
+    return dispatcher.targetoptions.get("inline", "never") != "always"
+
+
+@pytest.mark.skipif(not JIT, reason="nothing is compiled without the jit")
+def test_no_cached_function_is_reached_from_two_jobs():
+    """Children write numba's cache side by side; two of them adding entries
+    of one function could give both the same data file. So each cached
+    function is reached from one job only: one layer op, or the executor's
+    entries (all in one job)."""
+    jobs = {op.__name__: _callees(op, set()) for op in ops.OPS}
+    jobs["executor"] = set().union(*(_callees(e, {e}) for algo in ALGORITHMS
+                                     for e in P.kernel_entries(algo)))
+    assert _callees(K.train_steps, set()) >= {K.network_loss_and_grad, K.network_forward}
+    assert W.compute_step in jobs["executor"] and K._conv5_forward in jobs["conv5_forward_op"]
+    owner: dict = {}
+    for name, reached in jobs.items():
+        for d in filter(_cached, reached):
+            assert owner.setdefault(d, name) == name, (
+                f"{d.py_func.__name__} is reached from {owner[d]} and {name}: inline it "
+                "(iasgd.compiled.jit_inline)")
+
+
+CHECK_LOADED = r"""
+import iasgd, sys
+from iasgd.executors import precompile
+from iasgd.executors.sequential import SequentialRun
+from iasgd.nn import kernels as K, ops
+model, data = iasgd.build("mlp", "synthetic"), iasgd.load("synthetic")
+cfg = iasgd.TrainConfig(algo="sequential", epochs=1, batch_size=64)
+children = precompile.compile_ahead(model, cfg.algo, lambda: SequentialRun(model, data, cfg), 2)
+run = SequentialRun(model, data, cfg)
+run.load_kernels()
+compiled = [d.py_func.__name__ for d in (K.train_steps, K.predict_images)
+            if d.stats.cache_misses or not d.stats.cache_hits]
+compiled += [name for (name, _), f in ops._COMPILED.items()
+             if name != "nothing" and not f.cache_hits]
+print(children, compiled)
+"""
+
+
+@pytest.mark.skipif(not (JIT and sys.platform.startswith("linux")),
+                    reason="children compile with the jit, on Linux")
+def test_after_the_children_the_run_loads_everything_from_the_cache(tmp_path):
+    """The contract, in a fresh process with an empty cache (an MLP: ~5-10 s):
+    what the children compile is what the run then finds, so it compiles
+    nothing itself."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "NUMBA_CACHE_DIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", CHECK_LOADED], capture_output=True, text=True,
+                         env=env, timeout=600, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split("\n")[-2] == "2 []"
