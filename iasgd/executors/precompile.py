@@ -30,6 +30,7 @@ in-process.
 from __future__ import annotations
 
 import multiprocessing
+import signal
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -208,6 +209,11 @@ def run_in_children(todo: list[Job], processes: int) -> list[int]:
 
 
 def _run_share(share: list[Job]) -> None:
+    # Ctrl-C reaches the whole process group: what it means is the run's to
+    # decide (iasgd.run stops at the next step and saves), not the inherited
+    # handler's, so a child finishes its share unless the run terminates it
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     failed = 0
     for job in share:
         try:

@@ -149,6 +149,27 @@ def test_every_job_runs_in_a_child_and_one_that_fails_stops_no_other(tmp_path):
     assert pids["a"] == pids["c"] != pids["b"]  # b ran after bad failed in its share
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="children fork on Linux only")
+def test_a_child_leaves_ctrl_c_to_the_run(tmp_path):
+    """Ctrl-C reaches every process of the group; iasgd.run's handler (which
+    a child would inherit) only prints and asks for a stop at the next step.
+    A child ignores it and finishes its share."""
+    import signal
+
+    def interrupted_then_writes():
+        os.kill(os.getpid(), signal.SIGINT)
+        (tmp_path / "done").write_text("yes")
+
+    previous = signal.signal(signal.SIGINT, lambda *_: (tmp_path / "handled").touch())
+    try:
+        codes = P.run_in_children([P.Job("a", 1, interrupted_then_writes),
+                                   P.Job("b", 1, lambda: None)], 2)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert codes == [0, 0]
+    assert (tmp_path / "done").read_text() == "yes" and not (tmp_path / "handled").exists()
+
+
 def test_stand_in_tables_have_the_real_type_and_run_nothing():
     plan = plan_of("lenet")
     real = ops.network(plan)
