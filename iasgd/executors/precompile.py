@@ -223,12 +223,12 @@ def _run_share(share: list[Job]) -> None:
     sys.exit(1 if failed else 0)
 
 
-def compile_ahead(model: models.Model, algo: str, executor: Callable[[], Executor],
+def compile_ahead(model: models.Model, algo: str, executor: Callable[[], Executor] | None,
                   cores: int) -> int:
     """Compile in children (`children` of them on `cores`) what a run of
     `algo` on `model` needs and the cache lacks; `executor` builds the run's
-    executor. Returns the number of children (0: none were needed or could
-    run; the run compiles in-process)."""
+    executor (None: the layer ops only). Returns the number of children (0:
+    none were needed or could run; the run compiles in-process)."""
     plan = models.activation_plan(model.arch, model.layout, 1).table
     todo = jobs(algo, plan, executor)
     processes = children(todo, cores)
