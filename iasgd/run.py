@@ -405,6 +405,8 @@ def resumed_out(checkpoint: str, saved_out: str) -> str:
 # Options a resumed run may change; everything else is the saved run's.
 RESUME_MAY_CHANGE = {"epochs", "time_budget", "out", "quiet", "checkpoint", "checkpoint_every",
                      "no_checkpoint", "data_dir", "archive", "resume"}
+# Options of this command only, never the saved run's: a flag cannot be unset.
+NOT_INHERITED = {"quiet"}
 
 
 def resumed_args(args: argparse.Namespace,
@@ -426,7 +428,7 @@ def resumed_args(args: argparse.Namespace,
                              f"the {what}; start a new run instead")
     # An option the saved run lacks (an older iasgd) is this command line's, default or given.
     merged = {**vars(args), **saved, **{k: getattr(args, k) for k in RESUME_MAY_CHANGE
-                                        if k in given}}
+                                        if k in given or k in NOT_INHERITED}}
     merged.update(resumed_outputs(args, saved, given))
     if merged.get("hidden") is not None:
         merged["hidden"] = tuple(merged["hidden"])

@@ -313,6 +313,18 @@ def test_a_finished_sequential_run_extends_bit_identically(tmp_path):
     assert params[0].tobytes() == params[1].tobytes()
 
 
+def test_a_resume_prints_unless_it_is_told_to_be_quiet(tmp_path, capsys):
+    """--quiet is this command's, not the saved run's: a flag cannot be
+    unset, so an inherited one would silence every later resume."""
+    trained(tmp_path, "q", "--epochs", "1")  # quiet
+    capsys.readouterr()
+    ckpt = str(tmp_path / "q.ckpt.h5")
+    assert run.main(["--resume", ckpt, "--epochs", "2"]) == 0
+    assert "epoch   2" in capsys.readouterr().out
+    assert run.main(["--resume", ckpt, "--epochs", "3", "--quiet"]) == 0
+    assert capsys.readouterr().out == ""
+
+
 def test_a_finished_parallel_run_extends(tmp_path):
     trained(tmp_path, "r", "--algo", "hogwild", "--threads", "2", "--epochs", "1")
     doc = trained(tmp_path, "r", "--resume", str(tmp_path / "r.ckpt.h5"), "--epochs", "2")
