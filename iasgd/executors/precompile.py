@@ -58,7 +58,10 @@ LOAD_S = 1.0
 MAX_CHILDREN = 8
 
 
-class Executor(Protocol):
+class LoadsKernels(Protocol):
+    """What precompile needs of an executor (the sequential and the threads
+    one; not every Executor of iasgd.executors.epochs has it)."""
+
     def load_kernels(self) -> None:
         """Load (or compile) what the run calls from Python."""
 
@@ -110,7 +113,7 @@ def _uncached(algo: str, simulate: bool, cache_dir: str | None,
     return [(compiled.cache_index_name(d).split("-")[0], d) for d in missing]
 
 
-def jobs(algo: str, plan: np.ndarray, executor: Callable[[], Executor] | None,
+def jobs(algo: str, plan: np.ndarray, executor: Callable[[], LoadsKernels] | None,
          cache_dir: str | None = None) -> list[Job]:
     """The jobs that compile what a run of `algo` on a model with `plan`
     needs and the cache lacks: one per layer op, and one for the functions
@@ -137,7 +140,7 @@ def _op_compiler(op: Any) -> Callable[[], Any]:
     return lambda: ops.compiled_op(op)
 
 
-def _load_with_stand_ins(executor: Callable[[], Executor]) -> None:
+def _load_with_stand_ins(executor: Callable[[], LoadsKernels]) -> None:
     with ops.stand_ins():
         executor().load_kernels()
 
@@ -173,7 +176,7 @@ def compile_estimate(algo: str, plan: np.ndarray, cores: int, simulate: bool = F
     return max(round(seconds), 2) if seconds else 0
 
 
-def _not_called() -> Executor:
+def _not_called() -> LoadsKernels:
     raise AssertionError("an estimate builds no executor")
 
 
@@ -223,7 +226,7 @@ def _run_share(share: list[Job]) -> None:
     sys.exit(1 if failed else 0)
 
 
-def compile_ahead(model: models.Model, algo: str, executor: Callable[[], Executor] | None,
+def compile_ahead(model: models.Model, algo: str, executor: Callable[[], LoadsKernels] | None,
                   cores: int) -> int:
     """Compile in children (`children` of them on `cores`) what a run of
     `algo` on `model` needs and the cache lacks; `executor` builds the run's
