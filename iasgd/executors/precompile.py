@@ -5,8 +5,10 @@ each layer op its model uses (iasgd.nn.ops, one C callback each), the
 sequential steps or a worker loop, and the evaluation. numba compiles one
 function after another on one core. `compile_ahead` hands them to child
 processes instead, as many as the run may use cores, forked once the run has
-its model and data. Each child compiles its share into numba's on-disk cache,
-and the run then loads everything from there, as on any later start.
+its model and data. Each child takes the next job (longest first) whenever
+it is done with one and compiles it into numba's on-disk cache; the run
+loads each layer op from there as soon as its job is done, and the rest
+once all are, as on any later start.
 
 - The functions the executor calls from Python form one job. Its child
   builds the executor with stand-in op tables (iasgd.nn.ops.stand_ins: the
@@ -29,7 +31,9 @@ in-process.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
+import multiprocessing.connection
 import signal
 import sys
 from collections.abc import Callable
@@ -71,8 +75,11 @@ class Job:
     """What one child compiles: `run()` puts it in the on-disk cache."""
 
     name: str
-    seconds: float  # the estimate that balances the children's shares
+    seconds: float  # the estimate: the longest jobs are taken first
     run: Callable[[], Any]
+    # what the run calls to load the job's functions from the cache once a
+    # child has put them there (None: the run loads them when it calls them)
+    load: Callable[[], Any] | None = None
 
 
 def kernel_entries(algo: str, simulate: bool = False, plan: np.ndarray | None = None) -> list:
@@ -126,14 +133,20 @@ def jobs(algo: str, plan: np.ndarray, executor: Callable[[], LoadsKernels] | Non
         seconds = NETWORK_COMPILE_S + WORKER_LOOP_COMPILE_S * ALGORITHMS[algo].parallel
         found.append(Job("executor", seconds, lambda: _load_with_stand_ins(executor)))
     # `nothing` is compiled before the children start (compile_ahead)
-    return found + [Job(name, op_seconds(d), _op_compiler(d)) for name, d in missing
-                    if d in ops.OPS and d is not K.nothing]
+    return found + [Job(name, op_seconds(d), _op_compiler(d), load=_op_compiler(d))
+                    for name, d in missing if d in ops.OPS and d is not K.nothing]
 
 
 def op_seconds(op: Any) -> float:
     """About how long compiling the layer op `op` takes."""
     return next((seconds for prefix, seconds in OP_COMPILE_S.items()
                  if op.__name__.startswith(prefix)), OTHER_OP_S)
+
+
+def _load(job: Job) -> None:
+    # while the children compile the rest: loading each op takes ~0.1 s
+    if job.load is not None:
+        job.load()
 
 
 def _op_compiler(op: Any) -> Callable[[], Any]:
@@ -146,8 +159,9 @@ def _load_with_stand_ins(executor: Callable[[], LoadsKernels]) -> None:
 
 
 def shares(todo: list[Job], processes: int) -> list[list[Job]]:
-    """`todo` split over at most `processes` children: longest job first,
-    each to the child with the least work so far."""
+    """`todo` split over at most `processes` children as they would take the
+    jobs if each took as long as estimated: longest job first, each to the
+    child with the least work so far."""
     split: list[list[Job]] = [[] for _ in range(max(1, min(processes, len(todo))))]
     for job in sorted(todo, key=lambda j: -j.seconds):
         min(split, key=lambda share: sum(j.seconds for j in share)).append(job)
@@ -188,19 +202,29 @@ def children(todo: list[Job], cores: int) -> int:
     return min(cores, len(todo), MAX_CHILDREN)
 
 
-def run_in_children(todo: list[Job], processes: int) -> list[int]:
-    """Run `todo` in `processes` forked children, each its share (`shares`),
-    and wait for them; returns their exit codes (0: every job of the share
-    ran). A job that raises leaves the rest of its share to run."""
+def run_in_children(todo: list[Job], processes: int,
+                    finished: Callable[[Job], Any] = lambda job: None) -> list[int]:
+    """Run `todo` in `processes` forked children and wait for them; returns
+    their exit codes (0: every job it took ran). Each child takes the next
+    job, longest first, when it is done with one, so that no child idles
+    while another works through a share that took longer than estimated.
+    `finished(job)` runs here as each job is reported done (not for one that
+    raised; a job that raises leaves the rest to run)."""
     for stream in (sys.stdout, sys.stderr):  # else each child prints what they hold again
         stream.flush()
+    order = sorted(todo, key=lambda j: -j.seconds)
     context = multiprocessing.get_context("fork")
-    procs = [context.Process(target=_run_share, args=(share,), daemon=True,
+    taken = context.Value("i", 0)  # the position in `order` of the next job to take
+    pipes = [context.Pipe(duplex=False) for _ in range(max(1, min(processes, len(order))))]
+    procs = [context.Process(target=_take_jobs, args=(order, taken, send), daemon=True,
                              name=f"iasgd-compile-{i}")
-             for i, share in enumerate(shares(todo, processes))]
+             for i, (_, send) in enumerate(pipes)]
     try:
         for p in procs:
             p.start()
+        for _, send in pipes:  # the children hold theirs: a pipe ends when its child does
+            send.close()
+        _report_finished(order, [receive for receive, _ in pipes], finished)
         for p in procs:
             p.join()
     finally:  # interrupted: take the children down too
@@ -211,19 +235,44 @@ def run_in_children(todo: list[Job], processes: int) -> list[int]:
     return [int(p.exitcode or 0) for p in procs]
 
 
-def _run_share(share: list[Job]) -> None:
+def _report_finished(order: list[Job], pipes: list[Any], finished: Callable[[Job], Any]) -> None:
+    """Call `finished` with each job that a child reports done, until every
+    child has ended."""
+    open_pipes = list(pipes)
+    while open_pipes:
+        for pipe in multiprocessing.connection.wait(open_pipes):
+            try:
+                position = pipe.recv()
+            except EOFError:
+                open_pipes.remove(pipe)
+                continue
+            # one that fails here, the run does again itself, and reports what goes wrong
+            with contextlib.suppress(Exception):
+                finished(order[position])
+
+
+def _take_jobs(order: list[Job], taken: Any, done: Any) -> None:
     # Ctrl-C reaches the whole process group: what it means is the run's to
     # decide (iasgd.run stops at the next step and saves), not the inherited
-    # handler's, so a child finishes its share unless the run terminates it
+    # handler's, so a child finishes its jobs unless the run terminates it
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     failed = 0
-    for job in share:
+    while (position := _take(taken)) < len(order):
         try:
-            job.run()
+            order[position].run()
         except Exception:  # the run compiles it itself, and reports what goes wrong
             failed += 1
+        else:
+            done.send(position)
     sys.exit(1 if failed else 0)
+
+
+def _take(taken: Any) -> int:
+    with taken.get_lock():
+        position = taken.value
+        taken.value += 1
+    return position
 
 
 def compile_ahead(model: models.Model, algo: str, executor: Callable[[], LoadsKernels] | None,
@@ -239,5 +288,5 @@ def compile_ahead(model: models.Model, algo: str, executor: Callable[[], LoadsKe
         # the stand-ins' op, compiled here first: each child inherits numba's
         # compiler with its first-use setup done, instead of each doing it
         ops.compiled_op(K.nothing)
-        run_in_children(todo, processes)
+        run_in_children(todo, processes, finished=_load)
     return processes

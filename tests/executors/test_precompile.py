@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -70,6 +71,8 @@ def test_the_jobs_are_one_per_missing_op_and_one_for_the_executor(tmp_path):
     todo = P.jobs("sequential", plan, executor=lambda: None, cache_dir=str(tmp_path))
     op_names = [f"kernels.{op.__name__}" for op in ops.used(plan) if op is not K.nothing]
     assert [j.name for j in todo] == ["executor", *op_names]
+    # the run loads each op once its child has cached it; the executor's calls when it runs
+    assert todo[0].load is None and all(j.load is not None for j in todo[1:])
     assert todo[0].seconds == P.NETWORK_COMPILE_S
     assert {j.name: j.seconds for j in todo}["kernels.conv5_forward_op"] == P.OP_COMPILE_S["conv"]
     assert {j.name: j.seconds for j in todo}["kernels.pool_input_op"] == P.OTHER_OP_S
@@ -138,15 +141,45 @@ def test_every_job_runs_in_a_child_and_one_that_fails_stops_no_other(tmp_path):
     def fails():
         raise ValueError("a failing compile")
 
+    reported = []
+
+    def finished(job: P.Job) -> None:
+        reported.append((job.name, os.getpid()))
+
     todo = [P.Job("a", 3, writes("a")), P.Job("bad", 2, fails), P.Job("b", 1, writes("b")),
             P.Job("c", 1, writes("c"))]
-    codes = P.run_in_children(todo, 2)
-    assert sorted(codes) == [0, 1]  # the share with the failing job says so
+    codes = P.run_in_children(todo, 2, finished)
+    assert sorted(codes) == [0, 1]  # the child that took the failing job says so
     pids = {name: int((tmp_path / name).read_text()) for name in "abc"}
     assert os.getpid() not in pids.values()
-    shares = [[j.name for j in share] for share in P.shares(todo, 2)]
-    assert shares == [["a", "c"], ["bad", "b"]]
-    assert pids["a"] == pids["c"] != pids["b"]  # b ran after bad failed in its share
+    # the run hears of each job that ran, in its own process, and of no other
+    assert sorted(reported) == [(name, os.getpid()) for name in "abc"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="children fork on Linux only")
+def test_a_child_takes_the_next_job_when_it_is_free_not_a_share_fixed_ahead(tmp_path):
+    """Estimates are rough: "slow" is estimated 3 but cannot end before "e"
+    (estimated 1) has run. Split ahead by the estimates, e would wait in
+    slow's child behind it (shares: [slow, d, e], [b, c]), and slow would
+    time out; taken one at a time, the other child runs b, c, d and e."""
+    def slow():
+        for _ in range(3000):  # 30 s at most
+            if (tmp_path / "e").exists():
+                (tmp_path / "slow").write_text(str(os.getpid()))
+                return
+            time.sleep(0.01)
+        raise TimeoutError("e never ran beside slow")
+
+    def writes(name: str):
+        return lambda: (tmp_path / name).write_text(str(os.getpid()))
+
+    todo = [P.Job("slow", 3, slow), *(P.Job(n, s, writes(n)) for n, s in
+                                       [("b", 2), ("c", 2), ("d", 1), ("e", 1)])]
+    assert [[j.name for j in share] for share in P.shares(todo, 2)] == [["slow", "d", "e"],
+                                                                        ["b", "c"]]
+    assert P.run_in_children(todo, 2) == [0, 0]
+    pids = {name: int((tmp_path / name).read_text()) for name in ["slow", *"bcde"]}
+    assert len({pids[n] for n in "bcde"}) == 1 and pids["slow"] != pids["e"]
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="children fork on Linux only")
@@ -232,12 +265,15 @@ from iasgd.nn import kernels as K, ops
 model, data = iasgd.build("mlp", "synthetic"), iasgd.load("synthetic")
 cfg = iasgd.TrainConfig(algo="sequential", epochs=1, batch_size=64)
 children = precompile.compile_ahead(model, cfg.algo, lambda: SequentialRun(model, data, cfg), 2)
+early = sorted(name for name, _ in ops._COMPILED if name != "nothing")  # loaded as they came
 run = SequentialRun(model, data, cfg)
 run.load_kernels()
 compiled = [d.py_func.__name__ for d in (K.train_steps, K.predict_images)
             if d.stats.cache_misses or not d.stats.cache_hits]
 compiled += [name for (name, _), f in ops._COMPILED.items()
              if name != "nothing" and not f.cache_hits]
+plan = iasgd.nn.models.activation_plan(model.arch, model.layout, 1).table
+assert early == sorted(op.__name__ for op in ops.used(plan) if op is not K.nothing), early
 print(children, compiled)
 """
 
