@@ -10,18 +10,20 @@ it is done with one and compiles it into numba's on-disk cache; the run
 loads each layer op from there as soon as its job is done, and the rest
 once all are, as on any later start.
 
-- The functions the executor calls from Python form one job. Its child
-  builds the executor with stand-in op tables (iasgd.nn.ops.stand_ins: the
-  same numba type, no ops to wait for) and calls its `load_kernels`: the
-  run's own calls with the run's own types, so what it caches is exactly
-  what the run looks up.
+- The functions the executor calls from Python form two jobs: the steps
+  (or the worker loop) and the evaluation. Each one's child builds the
+  executor with stand-in op tables (iasgd.nn.ops.stand_ins: the same numba
+  type, no ops to wait for) and calls its `load_steps` or
+  `load_evaluation`: the run's own calls with the run's own types, so what
+  it caches is exactly what the run looks up.
 - Each layer op the cache lacks is a job of its own.
 - numba's cache takes writers side by side only if no two of them write
   entries of the same function: two new entries can pick the same file
   name. So every cached function must be reached from one job only. The
-  helpers that ops share are inlined (iasgd.compiled.jit_inline), and the
-  executor's functions are all one job. tests/executors/test_precompile.py
-  checks this.
+  helpers that ops share, and the forward pass that the steps share with
+  the evaluation, are inlined (iasgd.compiled.jit_inline).
+  tests/executors/test_precompile.py checks this, and that building an
+  executor compiles nothing.
 
 Nothing depends on it. A child that fails leaves what it did not compile
 uncached, and the run compiles that itself, as it would without children.
@@ -49,10 +51,11 @@ from iasgd.nn import models, ops
 from iasgd.protocol import workers
 
 # Seconds that compiling each kind of job takes on one core of an idle
-# 2-core VM (bench/coldstart.py and per-job timings, 2026-12-01). The network
-# job covers the steps and the evaluation; a worker loop job adds the loop.
+# 2-core VM (bench/coldstart.py and per-job timings, 2026-12-01). The steps
+# job covers the network's passes; a worker loop adds the loop.
 # Loading what the children cached takes about LOAD_S.
-NETWORK_COMPILE_S = 5.0
+STEPS_COMPILE_S = 3.5
+EVALUATION_COMPILE_S = 1.5
 WORKER_LOOP_COMPILE_S = 8.0
 OP_COMPILE_S = {"conv": 2.5, "dense": 2.0}  # by the op's name; any other: OTHER_OP_S
 OTHER_OP_S = 1.0
@@ -66,8 +69,11 @@ class LoadsKernels(Protocol):
     """What precompile needs of an executor (the sequential and the threads
     one; not every Executor of iasgd.executors.epochs has it)."""
 
-    def load_kernels(self) -> None:
-        """Load (or compile) what the run calls from Python."""
+    def load_steps(self) -> None:
+        """Load (or compile) the steps or the worker loop."""
+
+    def load_evaluation(self) -> None:
+        """Load (or compile) what the evaluation calls."""
 
 
 @dataclass(frozen=True)
@@ -123,15 +129,20 @@ def _uncached(algo: str, simulate: bool, cache_dir: str | None,
 def jobs(algo: str, plan: np.ndarray, executor: Callable[[], LoadsKernels] | None,
          cache_dir: str | None = None) -> list[Job]:
     """The jobs that compile what a run of `algo` on a model with `plan`
-    needs and the cache lacks: one per layer op, and one for the functions
-    the executor calls (a call of `executor().load_kernels()` with stand-in
-    op tables; None: they are compiled in-process, e.g. by the simulator).
-    Not `nothing`, which the run compiles first (compile_ahead)."""
+    needs and the cache lacks: one per layer op, one for the steps (or the
+    worker loop) and one for the evaluation, each a call of a method of
+    `executor()` with stand-in op tables (None: no executor's calls; the
+    simulator compiles its own). Not `nothing`, which the run compiles first
+    (compile_ahead)."""
     missing = _uncached(algo, False, cache_dir, plan)
+    entries = [d for _, d in missing if d not in ops.OPS]
     found: list[Job] = []
-    if executor is not None and any(d not in ops.OPS for _, d in missing):
-        seconds = NETWORK_COMPILE_S + WORKER_LOOP_COMPILE_S * ALGORITHMS[algo].parallel
-        found.append(Job("executor", seconds, lambda: _load_with_stand_ins(executor)))
+    if executor is not None and any(d is not K.predict_images for d in entries):
+        seconds = STEPS_COMPILE_S + WORKER_LOOP_COMPILE_S * ALGORITHMS[algo].parallel
+        found.append(Job("steps", seconds, lambda: _with_stand_ins(executor, "load_steps")))
+    if executor is not None and K.predict_images in entries:
+        found.append(Job("evaluation", EVALUATION_COMPILE_S,
+                         lambda: _with_stand_ins(executor, "load_evaluation")))
     # `nothing` is compiled before the children start (compile_ahead)
     return found + [Job(name, op_seconds(d), _op_compiler(d), load=_op_compiler(d))
                     for name, d in missing if d in ops.OPS and d is not K.nothing]
@@ -153,9 +164,10 @@ def _op_compiler(op: Any) -> Callable[[], Any]:
     return lambda: ops.compiled_op(op)
 
 
-def _load_with_stand_ins(executor: Callable[[], LoadsKernels]) -> None:
+def _with_stand_ins(executor: Callable[[], LoadsKernels], method: str) -> None:
+    # the executor too is built inside: its Net, and any it builds as it loads
     with ops.stand_ins():
-        executor().load_kernels()
+        getattr(executor(), method)()
 
 
 def shares(todo: list[Job], processes: int) -> list[list[Job]]:
@@ -186,7 +198,7 @@ def compile_estimate(algo: str, plan: np.ndarray, cores: int, simulate: bool = F
     todo = jobs(algo, plan, None if simulate else _not_called)
     seconds = compile_seconds(todo, children(todo, cores))
     if simulate and any(d not in ops.OPS for _, d in _uncached(algo, True, None, plan)):
-        seconds += NETWORK_COMPILE_S + WORKER_LOOP_COMPILE_S
+        seconds += STEPS_COMPILE_S + EVALUATION_COMPILE_S + WORKER_LOOP_COMPILE_S
     return max(round(seconds), 2) if seconds else 0
 
 

@@ -103,11 +103,19 @@ class SequentialRun:
 
     def load_kernels(self) -> None:
         """Load (or compile) what the run calls from Python, before its clock
-        starts: the steps (a call of zero steps) and the evaluation."""
+        starts: the steps and the evaluation."""
+        self.load_steps()
+        self.load_evaluation()
+
+    def load_steps(self) -> None:
+        """Load (or compile) the steps: a call of zero steps."""
         n_train = self.images.shape[0]
         K.train_steps(self.weights, self.ws.buffers, self.inputs,
                       K.Steps(np.arange(n_train, dtype=np.int64), 0, 0, self.cfg.batch_size,
                               self.cfg.lr, self.cfg.momentum), self.losses)
+
+    def load_evaluation(self) -> None:
+        """Load (or compile) what the evaluation calls."""
         load_evaluation(self.model, self.data, self.result.params)
 
     def run(self, hooks: Hooks, checkpoint_every: int = 0) -> RunResult:

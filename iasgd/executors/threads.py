@@ -232,7 +232,15 @@ class ThreadedRun:
     def load_kernels(self) -> None:
         """Load (or compile) what the run calls from Python, before its clock
         starts: the worker loop and the evaluation."""
+        self.load_steps()
+        self.load_evaluation()
+
+    def load_steps(self) -> None:
+        """Load (or compile) the worker loop."""
         self.team.warm_up()
+
+    def load_evaluation(self) -> None:
+        """Load (or compile) what the evaluation calls."""
         load_evaluation(self.model, self.data, self.team.params)
 
     def run(self, hooks: Hooks, checkpoint_every: int = 0) -> RunResult:

@@ -1256,7 +1256,7 @@ def _argmax4(argmax, row, n):
     return _view4(argmax, row[P_AOFF], n, row[P_CO], row[P_OH], row[P_OW])
 
 
-@jit
+@jit_inline
 def network_forward(params, net, acts, argmax, n):
     """Forward pass of n samples whose input already sits in acts[: n * D].
 

@@ -66,18 +66,21 @@ def test_uncached_kernels_reads_numba_index_files(tmp_path):
     assert P.uncached_kernels("sequential", cache_dir=str(tmp_path), plan=plan) == []
 
 
-def test_the_jobs_are_one_per_missing_op_and_one_for_the_executor(tmp_path):
+def test_the_jobs_are_one_per_missing_op_and_two_for_the_executor(tmp_path):
     plan = plan_of("lenet")
     todo = P.jobs("sequential", plan, executor=lambda: None, cache_dir=str(tmp_path))
     op_names = [f"kernels.{op.__name__}" for op in ops.used(plan) if op is not K.nothing]
-    assert [j.name for j in todo] == ["executor", *op_names]
+    assert [j.name for j in todo] == ["steps", "evaluation", *op_names]
     # the run loads each op once its child has cached it; the executor's calls when it runs
-    assert todo[0].load is None and all(j.load is not None for j in todo[1:])
-    assert todo[0].seconds == P.NETWORK_COMPILE_S
+    assert todo[0].load is todo[1].load is None and all(j.load is not None for j in todo[2:])
+    assert [j.seconds for j in todo[:2]] == [P.STEPS_COMPILE_S, P.EVALUATION_COMPILE_S]
     assert {j.name: j.seconds for j in todo}["kernels.conv5_forward_op"] == P.OP_COMPILE_S["conv"]
     assert {j.name: j.seconds for j in todo}["kernels.pool_input_op"] == P.OTHER_OP_S
     interval = P.jobs("interval", plan, executor=lambda: None, cache_dir=str(tmp_path))
-    assert interval[0].seconds == P.NETWORK_COMPILE_S + P.WORKER_LOOP_COMPILE_S
+    assert interval[0].seconds == P.STEPS_COMPILE_S + P.WORKER_LOOP_COMPILE_S
+    index(tmp_path, K.train_steps)  # the steps cached, the evaluation not yet
+    assert [j.name for j in P.jobs("sequential", plan, lambda: None, str(tmp_path))] == [
+        "evaluation", *op_names]
     # no executor (the simulator compiles its own calls): the ops only
     assert [j.name for j in P.jobs("interval", plan, None, str(tmp_path))] == op_names
     for d in P.kernel_entries("sequential"):
@@ -130,7 +133,8 @@ def test_the_estimate_counts_the_children_and_the_simulators_own_compiling(monke
     assert P.compile_estimate("sequential", plan, 2) == 0
     ops_only = P.jobs("interval", plan, None, str(tmp_path))
     assert P.compile_estimate("interval", plan, 1, simulate=True) == round(
-        sum(j.seconds for j in ops_only) + P.NETWORK_COMPILE_S + P.WORKER_LOOP_COMPILE_S)
+        sum(j.seconds for j in ops_only) + P.STEPS_COMPILE_S + P.EVALUATION_COMPILE_S
+        + P.WORKER_LOOP_COMPILE_S)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="children fork on Linux only")
@@ -242,19 +246,47 @@ def _cached(dispatcher) -> bool:
 def test_no_cached_function_is_reached_from_two_jobs():
     """Children write numba's cache side by side; two of them adding entries
     of one function could give both the same data file. So each cached
-    function is reached from one job only: one layer op, or the executor's
-    entries (all in one job)."""
+    function is reached from one job only: one layer op, the executor's
+    steps (every algorithm's, the simulator's included), or the evaluation."""
     jobs = {op.__name__: _callees(op, set()) for op in ops.OPS}
-    jobs["executor"] = set().union(*(_callees(e, {e}) for algo in ALGORITHMS
-                                     for e in P.kernel_entries(algo)))
+    jobs["steps"] = set().union(*(_callees(e, {e}) for algo in ALGORITHMS for simulate in
+                                  (False, True) for e in P.kernel_entries(algo, simulate)
+                                  if e is not K.predict_images))
+    jobs["evaluation"] = _callees(K.predict_images, {K.predict_images})
     assert _callees(K.train_steps, set()) >= {K.network_loss_and_grad, K.network_forward}
-    assert W.compute_step in jobs["executor"] and K._conv5_forward in jobs["conv5_forward_op"]
+    assert W.compute_step in jobs["steps"] and K._conv5_forward in jobs["conv5_forward_op"]
     owner: dict = {}
     for name, reached in jobs.items():
         for d in filter(_cached, reached):
             assert owner.setdefault(d, name) == name, (
                 f"{d.py_func.__name__} is reached from {owner[d]} and {name}: inline it "
                 "(iasgd.compiled.jit_inline)")
+
+
+BUILDS_ONLY = r"""
+import iasgd
+from numba.core import event
+from iasgd import engine
+from iasgd.nn import kernels as K, ops
+model, data = iasgd.build("lenet", "synthetic"), iasgd.load("synthetic")
+ops.compiled_op(K.nothing)
+for algo, threads in [("sequential", 1), ("sync", 2), ("async", 2), ("interval", 2)]:
+    cfg = iasgd.TrainConfig(algo=algo, threads=threads, epochs=1)
+    with event.install_recorder("numba:compile") as compiles, ops.stand_ins():
+        engine._runner(cfg)(model, data, cfg, None, None)
+    print(algo, sum(e.is_start for _, e in compiles.buffer))
+"""
+
+
+@pytest.mark.skipif(not JIT, reason="compiles with the jit")
+def test_building_an_executor_compiles_nothing(tmp_path):
+    """The steps' and the evaluation's children each build the executor: if
+    building it compiled a cached function, both would write its entries."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "NUMBA_CACHE_DIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", BUILDS_ONLY], capture_output=True, text=True,
+                         env=env, timeout=600, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["sequential", "0", "sync", "0", "async", "0", "interval", "0"]
 
 
 CHECK_LOADED = r"""
