@@ -78,14 +78,15 @@ class LoadsKernels(Protocol):
 
 @dataclass(frozen=True)
 class Job:
-    """What one child compiles: `run()` puts it in the on-disk cache."""
+    """What one child compiles: `run()` puts it in the on-disk cache (and,
+    once it is there, loads it)."""
 
     name: str
     seconds: float  # the estimate: the longest jobs are taken first
     run: Callable[[], Any]
-    # what the run calls to load the job's functions from the cache once a
-    # child has put them there (None: the run loads them when it calls them)
-    load: Callable[[], Any] | None = None
+    # the run calls `run()` itself as soon as a child reports the job done,
+    # loading it while the rest compile (False: it loads it when it calls it)
+    load_early: bool = False
 
 
 def kernel_entries(algo: str, simulate: bool = False, plan: np.ndarray | None = None) -> list:
@@ -139,12 +140,13 @@ def jobs(algo: str, plan: np.ndarray, executor: Callable[[], LoadsKernels] | Non
     found: list[Job] = []
     if executor is not None and any(d is not K.predict_images for d in entries):
         seconds = STEPS_COMPILE_S + WORKER_LOOP_COMPILE_S * ALGORITHMS[algo].parallel
-        found.append(Job("steps", seconds, lambda: _with_stand_ins(executor, "load_steps")))
+        found.append(Job("steps", seconds,
+                         lambda: _with_stand_ins(executor, lambda e: e.load_steps())))
     if executor is not None and K.predict_images in entries:
         found.append(Job("evaluation", EVALUATION_COMPILE_S,
-                         lambda: _with_stand_ins(executor, "load_evaluation")))
+                         lambda: _with_stand_ins(executor, lambda e: e.load_evaluation())))
     # `nothing` is compiled before the children start (compile_ahead)
-    return found + [Job(name, op_seconds(d), _op_compiler(d), load=_op_compiler(d))
+    return found + [Job(name, op_seconds(d), _op_compiler(d), load_early=True)
                     for name, d in missing if d in ops.OPS and d is not K.nothing]
 
 
@@ -156,18 +158,19 @@ def op_seconds(op: Any) -> float:
 
 def _load(job: Job) -> None:
     # while the children compile the rest: loading each op takes ~0.1 s
-    if job.load is not None:
-        job.load()
+    if job.load_early:
+        job.run()
 
 
 def _op_compiler(op: Any) -> Callable[[], Any]:
     return lambda: ops.compiled_op(op)
 
 
-def _with_stand_ins(executor: Callable[[], LoadsKernels], method: str) -> None:
+def _with_stand_ins(executor: Callable[[], LoadsKernels],
+                    load: Callable[[LoadsKernels], None]) -> None:
     # the executor too is built inside: its Net, and any it builds as it loads
     with ops.stand_ins():
-        getattr(executor(), method)()
+        load(executor())
 
 
 def shares(todo: list[Job], processes: int) -> list[list[Job]]:

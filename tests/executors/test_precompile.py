@@ -72,7 +72,7 @@ def test_the_jobs_are_one_per_missing_op_and_two_for_the_executor(tmp_path):
     op_names = [f"kernels.{op.__name__}" for op in ops.used(plan) if op is not K.nothing]
     assert [j.name for j in todo] == ["steps", "evaluation", *op_names]
     # the run loads each op once its child has cached it; the executor's calls when it runs
-    assert todo[0].load is todo[1].load is None and all(j.load is not None for j in todo[2:])
+    assert not todo[0].load_early and not todo[1].load_early and all(j.load_early for j in todo[2:])
     assert [j.seconds for j in todo[:2]] == [P.STEPS_COMPILE_S, P.EVALUATION_COMPILE_S]
     assert {j.name: j.seconds for j in todo}["kernels.conv5_forward_op"] == P.OP_COMPILE_S["conv"]
     assert {j.name: j.seconds for j in todo}["kernels.pool_input_op"] == P.OTHER_OP_S
