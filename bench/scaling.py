@@ -57,7 +57,7 @@ from iasgd.nn import models  # noqa: E402
 ALGOS = VARIANTS  # sweep name -> TrainConfig fields
 PASSED_THROUGH = ("batch_size", "lr", "momentum", "interval", "gate", "y0", "y_min",
                   "decay_every", "decay_by", "probe_offset", "probe_step", "probe_steps",
-                  "exec_steps", "window")
+                  "exec_steps", "window", "staleness_budget")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -180,12 +180,14 @@ def key(x: float) -> str:
 
 def upgraded(options: dict) -> dict:
     """A saved sweep's options with the knobs of newer sweeps: older files
-    name one target_accuracy, run one lr and evaluate at epoch ends only."""
+    name one target_accuracy, run one lr, evaluate at epoch ends only and
+    have no staleness budget."""
     options = dict(options)
     target = options.pop("target_accuracy", 0.5)
     options.setdefault("targets", [target])
     options.setdefault("lrs", [options.get("lr", engine.TrainConfig.lr)])
     options.setdefault("eval_every", 0)
+    options.setdefault("staleness_budget", engine.TrainConfig.staleness_budget)
     return options
 
 

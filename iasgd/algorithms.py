@@ -84,6 +84,10 @@ VARIANTS: dict[str, dict[str, str | int]] = {
     # interval-fit with y = 32 per active worker instead of a fixed 16
     "interval-per-core": {"algo": "interval", "interval_schedule": "per-worker", "interval": 32,
                           "threads_schedule": "cores", "lr_schedule": "tail"},
+    # interval-per-core while the active workers' own staleness fits the step
+    # size's budget, the budget's y beyond (docs/algorithms.md, "Staleness budget")
+    "interval-budget": {"algo": "interval", "interval_schedule": "budget", "interval": 32,
+                        "threads_schedule": "cores", "lr_schedule": "tail"},
 }
 
 

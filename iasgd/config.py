@@ -97,6 +97,12 @@ class TrainConfig:
     probe_loss_scale: float = option(
         0.9, "probe: window scale s = L * loss/loss_first + (1 - L)", group=ADAPTIVE,
         metavar="L", parse=O.unit_float)
+    staleness_budget: float = option(
+        0.15, "budget: how far the parameters may move between a gradient's read and its "
+              "apply, in steps of lr / (1 - momentum); y = 1 + floor(B (1 - momentum) / lr) "
+              "once the m active workers' own staleness, about 2 (m - 1), exceeds y - 1; "
+              "--interval per worker until then",
+        group=ADAPTIVE, metavar="B", parse=O.positive_float)
     loss_window: int | None = option(None, "steps in the smoothed training loss", group=ADAPTIVE,
                                      metavar="STEPS", parse=O.positive_int,
                                      default_text="3 epochs")
@@ -183,7 +189,8 @@ class TrainConfig:
                     and self.start_y + self.probe_offset < self.y_min):
                 raise ConfigError(f"the probe window {{y0}} {self.start_y} +- {{probe_offset}} "
                                   f"{self.probe_offset} lies wholly below {{y_min}} {self.y_min}")
-            if self.interval_schedule != "per-worker" and self.y_min > self.start_y:
+            if (self.interval_schedule not in ("per-worker", "budget")
+                    and self.y_min > self.start_y):
                 raise ConfigError(f"{{y_min}} {self.y_min} is above {{y0}} {self.start_y}")
         if self.threads_schedule != "fixed" and not ALGORITHMS[self.algo].stale:
             raise ConfigError(f"{{threads_schedule}} {self.threads_schedule} applies to "
@@ -196,6 +203,9 @@ class TrainConfig:
         for name in ("probe_loss_scale", "tail_amplitude"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ConfigError(f"{{{name}}} must be in [0, 1], got {getattr(self, name)}")
+        if not (math.isfinite(self.staleness_budget) and self.staleness_budget > 0):
+            raise ConfigError(f"{{staleness_budget}} must be a finite number > 0, got "
+                              f"{self.staleness_budget}")
         if self.loss_window is not None and self.loss_window < 1:
             raise ConfigError(f"{{loss_window}} must be >= 1, got {self.loss_window}")
 

@@ -17,6 +17,9 @@ Interval size y (ALGORITHMS.md, "Choosing y while training"):
               on the last choice, scaled by s = L * loss / loss_first + (1 - L).
 - FollowLoss: y = max(y_min, round(y0 * ((1 - c) * loss / loss_first + c))),
               c = x0 / (x0 - 1).
+- PerWorker:  y = y0 * m, m the workers active now.
+- StalenessBudget: y = y0 * m while 2 (m - 1) <= y_B - 1, else max(y_min, y_B),
+              y_B = 1 + floor(B (1 - momentum) / lr).
 Thread count m: Window probes m over w values top-down, then executes the best;
 Cores runs min(n, cores) of the n threads and parks the rest.
 
@@ -39,7 +42,7 @@ if TYPE_CHECKING:
     from iasgd.config import TrainConfig
     from iasgd.results import RunResult
 
-INTERVAL_SCHEDULES = ("fixed", "decay", "probe", "follow-loss", "per-worker")
+INTERVAL_SCHEDULES = ("fixed", "decay", "probe", "follow-loss", "per-worker", "budget")
 THREAD_SCHEDULES = ("fixed", "window", "cores")
 LR_SCHEDULES = ("none", "inverse", "fleet", "tail")
 
@@ -113,6 +116,38 @@ class PerWorker:
     def update(self, applied: int, now: float, loss: float | None,
                loss_first: float | None) -> int:
         return self.value
+
+
+def budget_interval(budget: float, lr: float, momentum: float) -> int:
+    """The largest y whose bound keeps a stale update within `budget`:
+    1 + floor(budget (1 - momentum) / lr). A gradient read tau applies ago
+    meets parameters that moved about tau heavy-ball steps of lr / (1 -
+    momentum) since (the gradient norm as unit); y - 1 such steps fit in
+    `budget`. lr 0 (no movement) fits any y: G.MAX_Y."""
+    if lr <= 0:
+        return G.MAX_Y
+    # the small slack keeps 0.15 * 0.5 / 0.005 = 15 from flooring to 14
+    return min(G.MAX_Y, 1 + math.floor(budget * (1 - momentum) / lr + 1e-9))
+
+
+@dataclass
+class StalenessBudget(PerWorker):
+    """y from the step size and the workers active now (docs/algorithms.md,
+    "Staleness budget"). m workers computing at once make staleness of up to
+    about 2 (m - 1) with no gate at all (mean m - 1). While that fits the
+    budget's bound, budget_y - 1, the gate only has to cost nothing: y =
+    per_worker x m, as PerWorker. With more workers the bound has to do the
+    work: y = max(y_min, budget_y), and the workers beyond y wait for a slot,
+    which costs cores but keeps every update within the budget."""
+
+    budget_y: int = G.MAX_Y
+    y_min: int = 1
+
+    @property
+    def value(self) -> int:
+        if 2 * (self.workers - 1) <= self.budget_y - 1:
+            return self.per_worker * self.workers
+        return max(self.y_min, self.budget_y)
 
 
 @dataclass
@@ -341,6 +376,9 @@ class Controllers:
     @staticmethod
     def _interval_controller(cfg: TrainConfig, workers: int):
         y0 = cfg.start_y
+        if cfg.interval_schedule == "budget":
+            return StalenessBudget(y0, workers, budget_interval(cfg.staleness_budget, cfg.lr,
+                                                                 cfg.momentum), cfg.y_min)
         if cfg.interval_schedule == "per-worker":
             return PerWorker(y0, workers)
         if cfg.interval_schedule == "decay":

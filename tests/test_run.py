@@ -114,6 +114,8 @@ BAD = [
     (["--tail-amplitude", "1.5"], "--tail-amplitude"),
     (["--probe-loss-scale", "-1"], "--probe-loss-scale"),
     (["--loss-window", "0"], "--loss-window"),
+    (["--staleness-budget", "0"], "--staleness-budget"),
+    (["--staleness-budget", "inf"], "--staleness-budget"),
     (["--out", "/proc/iasgd-results.json"], "cannot write in /proc"),
     (["--checkpoint", "/no/such/dir/c.h5"], "does not exist"),
     (["--checkpoint-every", "-1"], "--checkpoint-every"),

@@ -8,6 +8,8 @@ import os
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from iasgd import data as datasets
 from iasgd import engine
@@ -340,3 +342,71 @@ def test_a_per_worker_y_past_the_largest_interval_opens_the_largest():
                              interval_schedule="per-worker")
     control = S.Controllers(cfg, 100, RunResult(status=Status.COMPLETED))
     assert control.new_gate()[G.Y] == G.MAX_Y
+
+
+# ------------------------------------------------------- staleness budget
+
+
+def test_the_budget_fits_y_minus_one_steps_and_not_y():
+    # the two learning rates of the sweeps, at momentum 0.5 and B = 0.15
+    assert S.budget_interval(0.15, 0.005, 0.5) == 16
+    assert S.budget_interval(0.15, 0.01, 0.5) == 8
+    assert S.budget_interval(0.15, 0.0, 0.5) == G.MAX_Y
+    assert S.budget_interval(1e9, 0.001, 0.0) == G.MAX_Y
+
+
+@given(budget=st.floats(1e-3, 10.0), lr=st.floats(1e-4, 1.0), momentum=st.floats(0.0, 0.99))
+def test_the_budget_interval_is_the_largest_y_within_the_budget(budget, lr, momentum):
+    y = S.budget_interval(budget, lr, momentum)
+    step = lr / (1 - momentum)
+    assert 1 <= y <= G.MAX_Y
+    assert (y - 1) * step <= budget * (1 + 1e-6)
+    if y < G.MAX_Y:
+        assert y * step > budget * (1 - 1e-6)
+
+
+def budget_controller(threads: int, cores: int | None, **knobs) -> S.Controllers:
+    cfg = engine.TrainConfig(algo="interval", threads=threads, threads_schedule="cores",
+                             interval_schedule="budget", interval=32, **knobs)
+    return S.Controllers(cfg, 100, RunResult(status=Status.COMPLETED), cores=cores)
+
+
+@pytest.mark.parametrize(("threads", "cores", "lr", "y"), [
+    (128, 2, 0.005, 64),  # 2 active workers fit the budget: 32 per worker, as per-worker
+    (128, 2, 0.01, 64),
+    # budget y 16 at lr 0.005: 8 workers' staleness, up to 2 (8 - 1) = 14, fits its
+    # bound of 15; 9 workers' (16) does not
+    (8, None, 0.005, 32 * 8),
+    (9, None, 0.005, 16),
+    (16, None, 0.005, 16),
+    (128, None, 0.005, 16),
+    (128, None, 0.01, 8),
+    (128, None, 0.05, 4),  # the budget's y is 2, y_min 4 holds
+])
+def test_budget_y_is_per_worker_until_the_workers_staleness_outgrows_it(threads, cores, lr, y):
+    state = budget_controller(threads, cores, lr=lr, momentum=0.5).new_gate()
+    assert state[G.Y] == y
+
+
+def test_budget_y_follows_the_active_workers():
+    control = budget_controller(64, None, lr=0.005, momentum=0.5, staleness_budget=0.15)
+    state = control.new_gate()
+    assert state[G.Y] == 16
+    control.m = S.Fixed(8)  # as a thread window would move m
+    control.step(0.0, 0, 0, state, np.ones(4, np.float32), lambda: np.zeros(4, np.int64))
+    assert state[G.M] == 8 and state[G.Y_NEXT] == 32 * 8
+    control.m = S.Fixed(9)
+    control.step(0.1, 10, 10, state, np.ones(4, np.float32), lambda: np.zeros(4, np.int64))
+    assert state[G.Y_NEXT] == 16
+
+
+def test_a_budget_run_keeps_its_bound(tiny):
+    """8 threads at lr 0.05: the budget's y is 2 (1 + floor(0.15 * 0.5 / 0.05)),
+    y_min lifts it to 3; 8 workers are staler than that, so every interval opens with
+    y = 3 and no update is staler than 2."""
+    model, data = tiny
+    cfg = engine.TrainConfig(algo="interval", threads=8, epochs=1, batch_size=4, lr=0.05,
+                             interval_schedule="budget", y_min=3)
+    result = threads_executor.ThreadedRun(model, data, cfg).run(Hooks())
+    assert {y for _, _, y in result.interval_trace} == {3}
+    assert result.bound_violations == 0 and result.staleness_max <= 2

@@ -330,3 +330,12 @@ def test_a_run_other_processes_disturbed_is_run_again(monkeypatch, capsys):
     run = scaling.undisturbed_run(args, None, None, None, None)
     assert len(runs) == 2 and run["foreign_cpu"] == 0.0
     assert "disturbed (other processes used" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", list(scaling.ALGOS))
+def test_every_sweep_variant_is_a_valid_run_named_in_the_results_docs(name):
+    args = scaling.parse_args(["--algos", name])
+    cfg = scaling.config_for(args, name, threads=1 if name == "sequential" else 4, seed=0)
+    cfg.check()
+    docs = (RESULTS.parents[1] / "docs" / "results.md").read_text()
+    assert f"`{name}`" in docs

@@ -40,6 +40,9 @@ def mean_tau(hist) -> float:
     ("interval", 8, {"interval": 4, "gate": "wait"}),
     ("interval", 8, {"interval_schedule": "decay", "y0": 8, "y_min": 2, "decay_every": 100,
                      "decay_by": 2}),
+    # lr 0.02: the budget's y is 1 + floor(0.15 * 0.5 / 0.02) = 4; 8 workers' own
+    # staleness (up to 14) exceeds its bound 3, so y = 4
+    ("interval", 8, {"interval_schedule": "budget"}),
 ])
 def test_simulated_and_real_threads_keep_the_same_books_and_bounds(problem, algo, threads,
                                                                     extra):
