@@ -23,6 +23,7 @@ import numpy as np
 from iasgd import checkpoints, engine, export, files, results
 from iasgd import data as datasets
 from iasgd import options as O
+from iasgd import schedules as S
 from iasgd.algorithms import ALGORITHMS
 from iasgd.config import ADAPTIVE, CLUSTER, MAX_THREADS, TRAINING, ConfigError, TrainConfig
 from iasgd.executors import precompile
@@ -596,11 +597,25 @@ def physical_memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def interval_text(args: argparse.Namespace) -> str:
+    """How the run sets y, for its first line: "y=16", or the schedule's rule."""
+    y0 = args.y0 if args.y0 is not None else args.interval
+    if args.interval_schedule == "fixed":
+        return f"y={y0}"
+    if args.interval_schedule == "per-worker":
+        return f"y={y0} per active worker"
+    if args.interval_schedule == "budget":
+        beyond = S.budget_interval(args.staleness_budget, args.lr, args.momentum)
+        return (f"y={y0} per active worker while they fit staleness budget "
+                f"{args.staleness_budget:g}, else {max(args.y_min, beyond)}")
+    return f"y {args.interval_schedule} from {y0}"
+
+
 def describe(args: argparse.Namespace, model: models.Model, data: datasets.Dataset,
              load_s: float) -> str:
     algo = args.algo if args.threads == 1 else f"{args.algo} x {args.threads} threads"
     if ALGORITHMS[args.algo].bound == "interval":
-        algo += f", y={args.interval}, gate {args.gate}"
+        algo += f", {interval_text(args)}, gate {args.gate}"
     if args.backend == "ray":
         where = "a local Ray" if args.address is None else args.address
         algo += (f"; on {args.nodes} Ray nodes ({where}), exchanging every {args.sync_every} "

@@ -499,3 +499,15 @@ def test_a_cluster_runs_summary_shows_both_staleness_levels(capsys):
     summary = capsys.readouterr().out.splitlines()[-1]
     assert summary.startswith("staleness within nodes mean 0.50 max 3 (bound 3), between "
                               "nodes mean 1.25 max 1 (bound 1); 40 of 40")
+
+
+@pytest.mark.parametrize(("argv", "text"), [
+    ([], "y=16"),
+    (["--y0", "8", "--interval-schedule", "decay"], "y decay from 8"),
+    (["--interval-schedule", "per-worker", "--interval", "32"], "y=32 per active worker"),
+    (["--interval-schedule", "budget", "--interval", "32", "--lr", "0.01"],
+     "y=32 per active worker while they fit staleness budget 0.15, else 8"),
+])
+def test_the_first_line_says_how_y_is_set(argv, text):
+    args = run.build_parser().parse_args(["--algo", "interval", "--threads", "4", *argv])
+    assert run.interval_text(args) == text
