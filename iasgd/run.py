@@ -598,17 +598,8 @@ def physical_memory_bytes() -> int:
 
 
 def interval_text(args: argparse.Namespace) -> str:
-    """How the run sets y, for its first line: "y=16", or the schedule's rule."""
-    y0 = args.y0 if args.y0 is not None else args.interval
-    if args.interval_schedule == "fixed":
-        return f"y={y0}"
-    if args.interval_schedule == "per-worker":
-        return f"y={y0} per active worker"
-    if args.interval_schedule == "budget":
-        beyond = S.budget_interval(args.staleness_budget, args.lr, args.momentum)
-        return (f"y={y0} per active worker while they fit staleness budget "
-                f"{args.staleness_budget:g}, else {max(args.y_min, beyond)}")
-    return f"y {args.interval_schedule} from {y0}"
+    """How the run sets y, for its first line (iasgd.schedules.interval_rule)."""
+    return S.interval_rule(train_config(args))
 
 
 def describe(args: argparse.Namespace, model: models.Model, data: datasets.Dataset,

@@ -144,10 +144,15 @@ class StalenessBudget(PerWorker):
     y_min: int = 1
 
     @property
+    def beyond(self) -> int:
+        """y once the workers' own staleness outgrows the budget."""
+        return max(self.y_min, self.budget_y)
+
+    @property
     def value(self) -> int:
         if 2 * (self.workers - 1) <= self.budget_y - 1:
             return self.per_worker * self.workers
-        return max(self.y_min, self.budget_y)
+        return self.beyond
 
 
 @dataclass
@@ -350,6 +355,38 @@ MONITOR_SECONDS = 0.02  # how often the controllers look at (and steer) a runnin
 TAIL_SAMPLE = 2048  # tail step sizes: applied updates sampled before the CDF is fixed
 
 
+def interval_controller(cfg: TrainConfig, workers: int):
+    """The controller of y that `cfg` asks for, starting with `workers` active."""
+    y0 = cfg.start_y
+    if cfg.interval_schedule == "budget":
+        return StalenessBudget(y0, workers, budget_interval(cfg.staleness_budget, cfg.lr,
+                                                             cfg.momentum), cfg.y_min)
+    if cfg.interval_schedule == "per-worker":
+        return PerWorker(y0, workers)
+    if cfg.interval_schedule == "decay":
+        return Decay(y0, cfg.y_min, cfg.decay_every, cfg.decay_by)
+    if cfg.interval_schedule == "follow-loss":
+        return FollowLoss(y0, cfg.y_min)
+    if cfg.interval_schedule == "probe":
+        return WindowProbe(start=y0, offset=cfg.probe_offset, step=cfg.probe_step,
+                           probe_steps=cfg.probe_steps, exec_steps=cfg.exec_steps,
+                           loss_scale=cfg.probe_loss_scale, low=cfg.y_min)
+    return Fixed(y0)
+
+
+def interval_rule(cfg: TrainConfig) -> str:
+    """How the run sets y, in words: "y=16", or its schedule's rule."""
+    controller = interval_controller(cfg, 1)
+    if isinstance(controller, StalenessBudget):
+        return (f"y={cfg.start_y} per active worker while they fit staleness budget "
+                f"{cfg.staleness_budget:g}, else {controller.beyond}")
+    if isinstance(controller, PerWorker):
+        return f"y={cfg.start_y} per active worker"
+    if isinstance(controller, Fixed):
+        return f"y={cfg.start_y}"
+    return f"y {cfg.interval_schedule} from {cfg.start_y}"
+
+
 class Controllers:
     """The schedules of one parallel run (threads or simulated): they
     read the applied count and the smoothed loss, and steer y (the gate's
@@ -370,26 +407,8 @@ class Controllers:
         elif cfg.threads_schedule == "cores":
             self.m = Fixed(fitted_workers(cfg.threads, cores))
         m0 = self.m.value if self.m is not None else cfg.threads
-        self.y = self._interval_controller(cfg, m0) if interval else None
+        self.y = interval_controller(cfg, m0) if interval else None
         self.tail_sample_at = min(TAIL_SAMPLE, quota) if cfg.lr_schedule == "tail" else None
-
-    @staticmethod
-    def _interval_controller(cfg: TrainConfig, workers: int):
-        y0 = cfg.start_y
-        if cfg.interval_schedule == "budget":
-            return StalenessBudget(y0, workers, budget_interval(cfg.staleness_budget, cfg.lr,
-                                                                 cfg.momentum), cfg.y_min)
-        if cfg.interval_schedule == "per-worker":
-            return PerWorker(y0, workers)
-        if cfg.interval_schedule == "decay":
-            return Decay(y0, cfg.y_min, cfg.decay_every, cfg.decay_by)
-        if cfg.interval_schedule == "follow-loss":
-            return FollowLoss(y0, cfg.y_min)
-        if cfg.interval_schedule == "probe":
-            return WindowProbe(start=y0, offset=cfg.probe_offset, step=cfg.probe_step,
-                                 probe_steps=cfg.probe_steps, exec_steps=cfg.exec_steps,
-                                 loss_scale=cfg.probe_loss_scale, low=cfg.y_min)
-        return Fixed(y0)
 
     def new_gate(self) -> np.ndarray:
         """A gate state opening with the schedules' first y and m."""
