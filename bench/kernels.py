@@ -1,7 +1,7 @@
 """Single-thread training throughput of every preset, iasgd vs PyTorch, side by side.
 
     python bench/kernels.py [--models lenet,mlp,vgg-small] [--batch-sizes 8,16,64]
-                            [--seconds 1.0] [--repeats 5]
+                            [--seconds 1.0] [--repeats 5] [--baseline REF]
 
 For each model and batch size: samples/s of full SGD-with-momentum training
 steps on CIFAR-10-shaped data (after a warm-up; median, min and max of the
@@ -12,7 +12,10 @@ slows both alike. Each repetition runs about --seconds of steps (calibrated
 in the warm-up). iasgd's rate is also given in GFLOP/s (the convolutions'
 and dense layers' multiply-adds, forward and backward, counted as 2 FLOP)
 and as a fraction of the single-core sgemm rate, measured in the same run
-(numpy's BLAS, one thread, 512 x 512 x 512 float32).
+(numpy's BLAS, one thread, 512 x 512 x 512 float32). With --baseline REF
+(a git commit of this repository), the same steps of REF's iasgd take their
+turn too, in a child process that imports that version (a before/after
+table measured in one run).
 
 Then a per-op breakdown of each model and batch size: the time of every op
 of the plan, forward and backward, each run alone (the row's compiled ops,
@@ -205,6 +208,68 @@ def torch_runner(model: models.Model, batch: int, images: np.ndarray,
     return run
 
 
+# A child process that imports another version of iasgd (the tree's) and
+# then this file's iasgd_runner, and runs the steps it is told: one line
+# "count" in, one line "done" out.
+BASELINE_SERVER = r"""
+import sys
+tree, bench, name = sys.argv[1:4]
+batch, n = int(sys.argv[4]), int(sys.argv[5])
+sys.path[:0] = [tree, bench]
+from iasgd.nn import models  # the tree's iasgd, before kernels puts this repository first
+from iasgd.nn.blas import single_threaded_blas
+import kernels as B
+assert models.__file__.startswith(tree), models.__file__
+single_threaded_blas()
+images, labels = B.bench_images(n)
+run = B.iasgd_runner(models.build(name, B.DATASET), batch, images, labels)
+for line in sys.stdin:
+    run(int(line))
+    print("done", flush=True)
+"""
+
+
+def bench_images(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """n random CIFAR-10-shaped uint8 images and labels (the same for a seed)."""
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (n, 3, 32, 32), dtype=np.uint8)
+    return images, rng.integers(0, 10, n).astype(np.int64)
+
+
+def baseline_tree(ref: str) -> Path:
+    """REF's files (git archive), extracted once into the temp directory and
+    kept, with its numba cache, for later runs."""
+    sha = subprocess.run(["git", "rev-parse", "--verify", f"{ref}^{{commit}}"], cwd=REPO,
+                         capture_output=True, text=True)
+    if sha.returncode != 0:
+        sys.exit(f"--baseline {ref}: not a commit of {REPO}")
+    tree = Path(tempfile.gettempdir()) / f"iasgd-baseline-{sha.stdout.strip()[:12]}"
+    if not (tree / "iasgd").is_dir():
+        tree.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(["git", "archive", sha.stdout.strip()], cwd=REPO,
+                                 capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    return tree
+
+
+def baseline_runner(tree: Path, name: str, batch: int, n: int) -> Callable[[int], None]:
+    """run(count): count training steps of the iasgd in `tree` (REF's, or
+    this repository's), in a child."""
+    child = subprocess.Popen([sys.executable, "-c", BASELINE_SERVER, str(tree),
+                              str(REPO / "bench"), name, str(batch), str(n)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": ""})
+
+    def run(count: int) -> None:
+        assert child.stdin is not None and child.stdout is not None
+        child.stdin.write(f"{count}\n")
+        child.stdin.flush()
+        if child.stdout.readline().strip() != "done":
+            sys.exit(f"the baseline's child ({tree}) failed on {name}, batch {batch}")
+
+    return run
+
+
 def side_by_side(runners: list[Callable[[int], None]], batch: int, seconds: float,
                  repeats: int) -> list[list[float]]:
     """samples/s of each runner, `repeats` times, taking turns; each repetition
@@ -264,6 +329,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--no-startup", action="store_true", help="skip the start-up timing")
     ap.add_argument("--no-breakdown", action="store_true", help="skip the per-op breakdown")
+    ap.add_argument("--baseline", metavar="REF",
+                    help="also time this git commit's iasgd, taking turns (before/after)")
     args = ap.parse_args()
     single_threaded_blas()  # the kernels' GEMMs, and the sgemm reference, on one core
     try:
@@ -274,30 +341,34 @@ def main() -> None:
     names = args.models.split(";") if ";" in args.models else args.models.split(",")
     batches = [int(b) for b in args.batch_sizes.split(",")]
 
-    rng = np.random.default_rng(0)
     n = max(batches) * 64
-    images = rng.integers(0, 256, (n, 3, 32, 32), dtype=np.uint8)
-    labels = rng.integers(0, 10, n).astype(np.int64)
+    images, labels = bench_images(n)
+    tree = baseline_tree(args.baseline) if args.baseline else None
 
     sgemm = sgemm_gflops()
     print(f"CIFAR-10 shape, SGD lr={LR} momentum={MOMENTUM}, one thread; "
           f"{os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d %H:%M')}")
     print(f"single-core sgemm (numpy's BLAS, {SGEMM_SIZE}^3 float32): {sgemm:.1f} GFLOP/s")
     print(f"samples/s: median (min-max) of {args.repeats} repetitions of ~{args.seconds:g} s "
-          "after warm-up, the two taking turns; GFLOP/s and its fraction of sgemm: iasgd's "
+          "after warm-up, taking turns; GFLOP/s and its fraction of sgemm: iasgd's "
           "median")
+    before = f" {args.baseline} samples/s | this / {args.baseline} |" if tree else ""
     print(f"| model | params | batch | iasgd samples/s | GFLOP/s | of sgemm "
-          f"| PyTorch {torch_version or '(absent)'} samples/s | ratio |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+          f"| PyTorch {torch_version or '(absent)'} samples/s | ratio |{before}")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if tree else ""))
     built = []
     for name in names:
         model = models.build(name, DATASET)
         built.append(model)
         flops = model_flops(model)
         for b in batches:
-            runners = [iasgd_runner(model, b, images, labels)]
+            # before/after: both versions run alike, each in a child of its own
+            runners = [baseline_runner(REPO, name, b, n) if tree else
+                       iasgd_runner(model, b, images, labels)]
             if torch_version:
                 runners.append(torch_runner(model, b, images, labels))
+            if tree:
+                runners.append(baseline_runner(tree, name, b, n))
             rates = side_by_side(runners, b, args.seconds, args.repeats)
             if torch_version:
                 ratio = f"{statistics.median(rates[0]) / statistics.median(rates[1]):.2f}x"
@@ -305,8 +376,11 @@ def main() -> None:
             else:
                 ratio = theirs = "-"
             gflops = statistics.median(rates[0]) * flops / 1e9
+            old = (f" {fmt(rates[-1])} | "
+                   f"{statistics.median(rates[0]) / statistics.median(rates[-1]):.2f}x |"
+                   if tree else "")
             print(f"| {name} | {model.num_params:,} | {b} | {fmt(rates[0])} | {gflops:.1f} | "
-                  f"{gflops / sgemm:.0%} | {theirs} | {ratio} |", flush=True)
+                  f"{gflops / sgemm:.0%} | {theirs} | {ratio} |{old}", flush=True)
     if not args.no_breakdown:
         print("\nper-op breakdown: microseconds per batch of each op run alone, and its "
               "GFLOP/s (backward: weight and input gradients together)")

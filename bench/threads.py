@@ -1,8 +1,9 @@
 """Thread scaling of the parallel algorithms on this machine, side by side.
 
     python bench/threads.py [--updates 2000] [--repeats 3] [--many 16] [--cases hogwild,...]
+                            [--model lenet]
 
-LeNet-5 on CIFAR-10-shaped synthetic data, b=16. For each algorithm: applied
+LeNet-5 (or --model) on CIFAR-10-shaped synthetic data, b=16. For each algorithm: applied
 samples/s with 1, 2 and --many threads (median of the repeats), the ratios
 2 threads / 1 thread and many / 2, each thread count's rate against the
 first algorithm's at the same count, what the drop gate throws away, and the
@@ -81,12 +82,13 @@ def main() -> None:
     ap.add_argument("--many", type=int, default=16, help="the oversubscribed thread count")
     ap.add_argument("--cases", default=",".join(CASES),
                     help="which, comma-separated (the first is the others' reference)")
+    ap.add_argument("--model", default="lenet", help="a preset or a layer spec")
     args = ap.parse_args()
 
     b = 16
     data = datasets.synthetic(seed=0, n_train=args.updates * b, n_test=100)
-    model = models.build("lenet", "synthetic")
-    print(f"LeNet-5, b={b}, {args.updates} updates per run, median of {args.repeats}; "
+    model = models.build(args.model, "synthetic")
+    print(f"{args.model}, b={b}, {args.updates} updates per run, median of {args.repeats}; "
           f"{os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}")
     unknown = set(args.cases.split(",")) - set(CASES)
     if unknown:

@@ -769,9 +769,17 @@ def _maxpool2_backward(dout, out, argmax, dz, relu):
 # (forward 4096 -> 128: 38 vs 66, 400 -> 120: 41 vs 60, 120 -> 10: 30 vs 36;
 # weight gradient 29 vs 71, 31 vs 58, but 27 vs 17 with 10 outputs), not of
 # 16 rows (forward 38 vs 32, 45 vs 34, 35 vs 18; the weight gradient even:
-# 36 vs 35, 47 vs 52, 42 vs 44).
+# 36 vs 35, 47 vs 52, 42 vs 44) -- except the weight gradient of wide inputs
+# (3072 or 4096 -> 128: mlp's first layer, vgg-small's head) from 16 rows,
+# whose rows of activations no longer stay in L1 for the loops (36-53 vs
+# 61-113 alone, noisy). Whole training steps side by side, BLAS there vs the
+# loops: mlp 1.15-1.24x at 16 rows (0.88x at 8 rows), vgg-small 0.98-1.08x;
+# BLAS for the forward and input gradient of those layers at 16 rows too
+# made mlp 8 % and vgg-small 0-2 % slower.
 BLAS_MIN_ROWS = 32
 BLAS_MIN_OUTPUTS = 16
+BLAS_MIN_INPUTS = 1024
+BLAS_MIN_WIDE_ROWS = 16
 
 
 @jit
@@ -830,7 +838,8 @@ def dense_backward_weights(a, dout, dw, db):
     N, I = a.shape
     O = dw.shape[0]
     zero = dw.dtype.type(0)
-    if N >= BLAS_MIN_ROWS and O >= BLAS_MIN_OUTPUTS:
+    wide = I >= BLAS_MIN_INPUTS and N >= BLAS_MIN_WIDE_ROWS
+    if (N >= BLAS_MIN_ROWS or wide) and O >= BLAS_MIN_OUTPUTS:
         np.dot(dout.T, a, dw)
         for o in range(O):
             s = zero

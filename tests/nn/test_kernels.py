@@ -163,6 +163,32 @@ def test_dense_forward_and_backward(shape):
             assert abs(fd - grad.flat[i]) <= FD_RTOL * max(1.0, abs(fd))
 
 
+# One shape per code path of the dense kernels: loops (a wide input below
+# K.BLAS_MIN_WIDE_ROWS rows too); BLAS for many rows; BLAS for the weight
+# gradient of a wide input (K.BLAS_MIN_INPUTS) from K.BLAS_MIN_WIDE_ROWS rows.
+DENSE_PATHS = [(4, 20, 8), (K.BLAS_MIN_ROWS + 3, 20, K.BLAS_MIN_OUTPUTS + 2),
+               (K.BLAS_MIN_WIDE_ROWS - 1, K.BLAS_MIN_INPUTS + 7, K.BLAS_MIN_OUTPUTS + 2),
+               (K.BLAS_MIN_WIDE_ROWS, K.BLAS_MIN_INPUTS + 7, K.BLAS_MIN_OUTPUTS + 2)]
+
+
+@pytest.mark.parametrize("N,I,O", DENSE_PATHS)
+def test_dense_paths_match_numpy(N, I, O):
+    """Every path of the float32 dense kernels against float64 numpy, within
+    float32 rounding (1e-5 of the result's largest entry)."""
+    rng = np.random.default_rng(N * I * O)
+    a, w, dout = (rng.standard_normal(s).astype(np.float32) for s in ((N, I), (O, I), (N, O)))
+    b = rng.standard_normal(O).astype(np.float32)
+    out, dw, db, da = (np.zeros(s, np.float32) for s in ((N, O), (O, I), (O,), (N, I)))
+    with single_threaded_blas():
+        K.dense_forward(a, w, b, out)
+        K.dense_backward_weights(a, dout, dw, db)
+        K.dense_backward_input(w, dout, da)
+    a64, w64, d64 = a.astype(np.float64), w.astype(np.float64), dout.astype(np.float64)
+    for got, want in ((out, a64 @ w64.T + b), (dw, d64.T @ a64), (db, d64.sum(0)),
+                      (da, d64 @ w64)):
+        assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
 def test_relu_forward_and_backward():
     rng = np.random.default_rng(0)
     z = rng.standard_normal((4, 7)).astype(np.float32)
