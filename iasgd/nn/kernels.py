@@ -703,34 +703,41 @@ def relu_maxpool2_forward(z, width, out, argmax):
     index into the wide plane of each window's maximum (first one on ties), for
     the backward pass.
     """
-    _maxpool2_forward(z, width, out, argmax, True)
+    _maxpool2_forward(z, width, out, 0, argmax, True)
 
 
 @jit
 def maxpool2_forward(z, width, out, argmax):
     """relu_maxpool2_forward without the ReLU."""
-    _maxpool2_forward(z, width, out, argmax, False)
+    _maxpool2_forward(z, width, out, 0, argmax, False)
 
 
 @jit
-def _maxpool2_forward(z, width, out, argmax, relu):
-    # `out` may be a strided view (the middle of a padded map: models.py
-    # fuses a "same" conv's padding into the pool before it).
-    N, C, PH, PW = out.shape
+def _maxpool2_forward(z, width, out, border, argmax, relu):
+    # out: the whole output map, C-contiguous, with the pooled (PH, PW) =
+    # argmax's shape inside a border of `border` pixels (the padding of a
+    # "same" conv that follows: models.py fuses it into the pool). Rows of a
+    # C-contiguous map and a window's maximum found by selects, not a loop
+    # over candidates: LLVM vectorises the row (1.4-2.8x faster alone).
+    N, C, PH, PW = argmax.shape
     for n in range(N):
         for c in range(C):
             plane = z[n, c]
             for i in range(PH):
-                o = out[n, c, i]
+                top = 2 * i * width
+                r0 = plane[top:top + width]
+                r1 = plane[top + width:top + 2 * width]
+                o = out[n, c, border + i, border:border + PW]
                 a = argmax[n, c, i]
                 for j in range(PW):
-                    k = 2 * i * width + 2 * j
-                    best = k
-                    m = plane[k]
-                    for cand in (k + 1, k + width, k + width + 1):
-                        if plane[cand] > m:
-                            best, m = cand, plane[cand]
-                    a[j] = best
+                    m, off = r0[2 * j], 0  # the first maximum wins ties
+                    if r0[2 * j + 1] > m:
+                        m, off = r0[2 * j + 1], 1
+                    if r1[2 * j] > m:
+                        m, off = r1[2 * j], width
+                    if r1[2 * j + 1] > m:
+                        m, off = r1[2 * j + 1], width + 1
+                    a[j] = top + 2 * j + off
                     o[j] = max(m, 0) if relu else m
 
 
@@ -1117,7 +1124,8 @@ def relu_forward_op(params, grad, plan, i, acts, dacts, argmax, n):
 def pool_forward_op(params, grad, plan, i, acts, dacts, argmax, n):
     row = plan[i]
     _maxpool2_forward(_view3(acts, row[P_XOFF], n, row[P_C], row[P_H] * row[P_S]), row[P_S],
-                      _pooled(acts, row, n), _argmax4(argmax, row, n), row[P_RELU] != 0)
+                      _pool_map(acts, row, n), row[P_K], _argmax4(argmax, row, n),
+                      row[P_RELU] != 0)
 
 
 def flatten_forward_op(params, grad, plan, i, acts, dacts, argmax, n):
@@ -1344,12 +1352,17 @@ def predict_images(params, net, acts, argmax, capacity, images, scale, shift, ou
 
 
 @jit_inline
+def _pool_map(flat, row, n):
+    """A pool row's whole output map (n, CO, OH + 2K, OS): the pooled values
+    inside a zero border of K pixels when it is the input of a "same" conv."""
+    return _view4(flat, row[P_ZOFF], n, row[P_CO], row[P_OH] + 2 * row[P_K], row[P_OS])
+
+
+@jit_inline
 def _pooled(flat, row, n):
-    """A pool row's (n, CO, OH, OW) output inside its map, which has a zero
-    border of K pixels when it is the input of a "same" conv (row stride OS)."""
+    """A pool row's (n, CO, OH, OW) output inside its map (_pool_map)."""
     B = row[P_K]
-    full = _view4(flat, row[P_ZOFF], n, row[P_CO], row[P_OH] + 2 * B, row[P_OS])
-    return full[:, :, B:B + row[P_OH], B:B + row[P_OW]]
+    return _pool_map(flat, row, n)[:, :, B:B + row[P_OH], B:B + row[P_OW]]
 
 
 @jit_inline
