@@ -50,16 +50,18 @@ from iasgd.nn import kernels as K
 from iasgd.nn import models, ops
 from iasgd.protocol import workers
 
-# Seconds that compiling each kind of job takes on one core of an idle
-# 2-core VM (bench/coldstart.py and per-job timings, 2026-12-01). The steps
-# job covers the network's passes; a worker loop adds the loop.
-# Loading what the children cached takes about LOAD_S.
-STEPS_COMPILE_S = 3.5
-EVALUATION_COMPILE_S = 1.5
-WORKER_LOOP_COMPILE_S = 8.0
-OP_COMPILE_S = {"conv": 2.5, "dense": 2.0}  # by the op's name; any other: OTHER_OP_S
-OTHER_OP_S = 1.0
-LOAD_S = 1.0
+# Seconds that compiling each kind of job takes in a child on an idle 2-core
+# VM (each job clocked in a cold run, 2026-12-02: sequential steps 2.0-2.1,
+# with a worker loop 9.3; evaluation 0.7-0.9; conv ops 1.6-2.0, dense
+# 1.0-1.5, pool 0.8-0.9). The steps job covers the network's passes; a
+# worker loop adds the loop. Loading what the children cached takes about
+# LOAD_S (0.4-0.5 s). The VM's speed drifts by up to 30 % between hours.
+STEPS_COMPILE_S = 2.5
+EVALUATION_COMPILE_S = 1.0
+WORKER_LOOP_COMPILE_S = 7.5
+OP_COMPILE_S = {"conv": 2.0, "dense": 1.5}  # by the op's name; any other: OTHER_OP_S
+OTHER_OP_S = 0.9
+LOAD_S = 0.5
 # Each compiling process holds a few hundred MB: more than this many children
 # would not shorten a cold start much (a model uses at most ~15 ops).
 MAX_CHILDREN = 8
