@@ -114,7 +114,10 @@ def op_label(row: np.ndarray) -> str:
         bits = row[K.P_GEMM]
         gemm = "/".join(label for bit, label in ((K.GEMM_FORWARD, "fwd"), (K.GEMM_WEIGHTS, "dw"),
                                                  (K.GEMM_INPUT, "dx")) if bits & bit)
-        return f"conv {c}->{co} k{row[K.P_K]} on {h}x{w}" + (f" (gemm {gemm})" if gemm else "")
+        ways = ([f"gemm {gemm}"] if gemm else []) + (["simd fwd"] if bits & K.SIMD_FORWARD
+                                                      else [])
+        return f"conv {c}->{co} k{row[K.P_K]} on {h}x{w}" + (f" ({', '.join(ways)})" if ways
+                                                              else "")
     if row[K.P_OP] == K.OP_DENSE:
         return f"dense {c}->{co}" + (" +relu" if row[K.P_RELU] else "")
     return f"{name} {c}x{h}x{w}" + (" +relu" if row[K.P_OP] == K.OP_POOL and row[K.P_RELU]

@@ -228,15 +228,19 @@ def test_plan_fuses_relus_and_skips_free_flattens():
     assert plan[:, K.P_RELU].tolist() == [0, 0, 1, 0, 1, 1, 0]
     # nothing before the first conv needs a gradient
     assert plan[:, K.P_GRAD].tolist() == [0, 0, 1, 1, 1, 1, 1]
-    # the 64-channel conv's input gradient is a GEMM, with its scratch last
+    # the 64-channel conv's input gradient is a GEMM, with its scratch last;
+    # neither forward runs as vectors (27 taps; an input of 41 KB)
     assert plan[:, K.P_GEMM].tolist() == [0, 0, 0, K.GEMM_INPUT, 0, 0, 0]
     assert plan[3, K.P_COFF] == models.build("vgg-small", "cifar10").workspace(2).acts_size \
         - (32 * 9 * 16 * 18 + 2 * 32 * 9 * 64)
     # a kernel size without direct kernels runs every pass as GEMMs
     plan = models.build("conv4k7s,relu,conv3k1,dense", "cifar10").workspace(2).plan
     assert plan[plan[:, K.P_OP] == K.OP_CONV, K.P_GEMM].tolist() == [K.GEMM_ALL] * 2
+    # LeNet-5's second conv's forward (16 channels, 150 taps, a 5 KB input)
+    # runs as vectors where the machine has AVX-512, not its first (6 channels)
+    simd = K.SIMD_FORWARD if models.SIMD else 0
     plan = models.build("lenet", "cifar10").workspace(2).plan
-    assert plan[plan[:, K.P_OP] == K.OP_CONV, K.P_GEMM].tolist() == [0, 0]
+    assert plan[plan[:, K.P_OP] == K.OP_CONV, K.P_GEMM].tolist() == [0, simd]
     plan = models.build("conv3k3s,relu,dense", "cifar10").workspace(2).plan
     assert [K.OP_NAMES[op] for op in plan[:, K.P_OP]] == [
         "pad", "conv", "relu", "flatten", "dense"]

@@ -1,0 +1,113 @@
+"""Explicit vectors of 16 float32 lanes for the compiled kernels.
+
+LLVM vectorises the kernels' plain loops by itself, but it keeps their
+accumulators in memory between loops (numba's arrays may alias), so a loop
+body that does 10 multiply-adds also loads and stores its sums. Written with
+these vectors instead, a kernel holds its accumulators in registers across
+the whole reduction: `F32x16` is a numba type whose value is one LLVM
+`<16 x float>`, and the intrinsics below load, store, broadcast and
+multiply-add them. LLVM splits the vectors for machines with narrower
+registers, so the code is correct everywhere; `available()` says whether
+this machine has the AVX-512 registers it is written for (models.py uses
+the vector kernels only there).
+
+Every intrinsic takes float32 arrays only (C-contiguous, 1-d) and does no
+bounds checks: `arr[i : i + LANES]` must lie inside the array.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import llvmlite.binding as llvm
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic, models, register_model
+
+LANES = 16
+_VECTOR = ir.VectorType(ir.FloatType(), LANES)
+
+
+def available() -> bool:
+    """Whether this CPU has AVX-512 (32 registers of 16 float32 lanes)."""
+    return bool(llvm.get_host_cpu_features().get("avx512f", False))
+
+
+class F32x16(types.Type):
+    """16 float32 lanes, in one register where the machine has them."""
+
+    def __init__(self) -> None:
+        super().__init__(name="f32x16")
+
+
+f32x16 = F32x16()
+
+
+@register_model(F32x16)
+class _F32x16Model(models.PrimitiveModel):
+    def __init__(self, dmm: Any, fe_type: Any) -> None:
+        super().__init__(dmm, fe_type, _VECTOR)
+
+
+def _float32_vector(arr: Any) -> bool:
+    return (isinstance(arr, types.Array) and arr.dtype == types.float32 and arr.ndim == 1
+            and arr.layout == "C")
+
+
+def _lanes_at(context: Any, builder: Any, arrty: Any, arr: Any, index: Any) -> Any:
+    """A <16 x float>* to arr[index]."""
+    data = context.make_array(arrty)(context, builder, arr).data
+    return builder.bitcast(builder.gep(data, [index]), ir.PointerType(_VECTOR))
+
+
+@intrinsic
+def load(typingctx: Any, arr: Any, index: Any) -> Any:
+    """arr[index : index + 16] as a vector."""
+    if not (_float32_vector(arr) and isinstance(index, types.Integer)):
+        return None
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        return builder.load(_lanes_at(context, builder, sig.args[0], *args), align=4)
+    return f32x16(arr, index), codegen
+
+
+@intrinsic
+def store(typingctx: Any, arr: Any, index: Any, vector: Any) -> Any:
+    """arr[index : index + 16] = vector."""
+    if not (_float32_vector(arr) and isinstance(index, types.Integer) and vector == f32x16):
+        return None
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        builder.store(args[2], _lanes_at(context, builder, sig.args[0], args[0], args[1]),
+                      align=4)
+        return context.get_dummy_value()
+    return types.none(arr, index, vector), codegen
+
+
+@intrinsic
+def splat(typingctx: Any, value: Any) -> Any:
+    """A vector of 16 copies of the float32 `value`."""
+    if value != types.float32:
+        return None
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        one = builder.insert_element(ir.Constant(_VECTOR, ir.Undefined), args[0],
+                                     ir.Constant(ir.IntType(32), 0))
+        return builder.shuffle_vector(one, ir.Constant(_VECTOR, ir.Undefined),
+                                      ir.Constant(ir.VectorType(ir.IntType(32), LANES),
+                                                  [0] * LANES))
+    return f32x16(value), codegen
+
+
+@intrinsic
+def fma(typingctx: Any, a: Any, b: Any, c: Any) -> Any:
+    """a * b + c, lane by lane, rounded once (LLVM's fma)."""
+    if not a == b == c == f32x16:
+        return None
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        fused = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(_VECTOR, [_VECTOR] * 3), "llvm.fma.v16f32")
+        return builder.call(fused, args)
+    return f32x16(a, b, c), codegen

@@ -1,0 +1,67 @@
+"""iasgd.nn.simd's vectors and the explicit-vector conv forward, against numpy
+and scipy."""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from reference import conv2d_valid
+
+from iasgd.compiled import jit
+from iasgd.nn import kernels as K
+from iasgd.nn import simd
+
+
+@jit
+def _fma_of_loaded(a, b, c, out):
+    """out[:16] = a[1:17] * b[0] + c[:16], through every intrinsic."""
+    simd.store(out, 0, simd.fma(simd.load(a, 1), simd.splat(b[0]), simd.load(c, 0)))
+
+
+def test_load_splat_fma_store_match_numpy():
+    rng = np.random.default_rng(0)
+    a, c = (rng.standard_normal(20).astype(np.float32) for _ in range(2))
+    b = np.float32([1.5])
+    out = np.full(20, np.nan, np.float32)
+    _fma_of_loaded(a, b, c, out)
+    np.testing.assert_allclose(out[:16], a[1:17] * b[0] + c[:16], rtol=1e-6)
+    assert np.isnan(out[16:]).all()  # 16 lanes, no more
+
+
+def test_the_vectors_take_float32_arrays_only():
+    with pytest.raises(numba.core.errors.TypingError):
+        numba.njit(lambda a: simd.load(a, 0))(np.zeros(16))
+
+
+simd_conv_shapes = st.tuples(
+    st.integers(1, 2),  # N
+    st.integers(1, 5),  # C
+    st.sampled_from([16, 32]),  # O: whole vectors of output channels
+    st.integers(0, 3),  # H - k
+    st.integers(K.SIMD_BLOCK, K.SIMD_BLOCK + 13),  # OW: one block, several, a moved-back last one
+    st.integers(0, 3),  # junk columns: the row stride S = W + junk
+    st.integers(0, 2**31 - 1),
+)
+
+
+@settings(max_examples=20, deadline=None)
+@given(simd_conv_shapes)
+def test_conv5_forward_simd_matches_scipy(shape):
+    N, C, O, dh, OW, junk, seed = shape
+    k = 5
+    H, W = k + dh, OW + k - 1
+    S = W + junk
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((N, C, H, S)).astype(np.float32)  # junk columns hold garbage
+    w = rng.standard_normal((O, C, k, k)).astype(np.float32)
+    b = rng.standard_normal(O).astype(np.float32)
+    groups = w.reshape(O // simd.LANES, simd.LANES, C, k, k)
+    wt = np.ascontiguousarray(groups.transpose(0, 2, 3, 4, 1)).ravel()  # (O/16, C, k, k, 16)
+    out = np.full((N, O, (H - k + 1) * S), np.nan, np.float32)
+    K.conv5_forward_simd(x, wt, b, out, W, np.zeros(K.SIMD_BLOCK * simd.LANES, np.float32))
+    got = out.reshape(N, O, H - k + 1, S)[..., :OW]
+    want = conv2d_valid(x[..., :W].astype(np.float64), w.astype(np.float64), b)
+    assert np.abs(got - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
