@@ -20,6 +20,7 @@ import pytest
 
 from iasgd import checkpoints, engine, run
 from iasgd import data as datasets
+from iasgd.executors import sequential, threads
 from iasgd.nn import models
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,16 +55,24 @@ class StopInEpoch:
         self.saved += 1
 
 
-def interrupted_then_resumed(model, data, cfg, tmp_path, epoch=2):
-    stopper = StopInEpoch(epoch, tmp_path / "c.h5")
-    first = engine.train(model, data, cfg, stopper.hooks())
-    assert first.status == "interrupted" and stopper.saved == 1
-    assert len(first.epochs) == epoch - 1
-    config, snap = checkpoints.load(tmp_path / "c.h5")
-    assert config == {"model": "lenet"}
-    if cfg.algo == "sequential":  # stopped inside the epoch, not at its end
-        assert 0 < snap.meta["step"] < engine.steps_per_epoch(2000, cfg.batch_size)
-    return first, engine.train(model, data, cfg, resume=snap)
+def interrupted_then_resumed(model, data, cfg, tmp_path, epoch=2, monitor_seconds=0.001):
+    """A run stopped inside `epoch` (StopInEpoch), and its resume. Progress
+    comes after every sequential step (its chunks would otherwise grow to
+    0.1 s, on a fast machine a whole epoch, and the stop come at its end)
+    and every `monitor_seconds` from the threads' monitor (its 20 ms could
+    outlast a whole epoch too)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sequential, "CHUNK_SECONDS", 0.0)
+        patch.setattr(threads, "MONITOR_SECONDS", monitor_seconds)
+        stopper = StopInEpoch(epoch, tmp_path / "c.h5")
+        first = engine.train(model, data, cfg, stopper.hooks())
+        assert first.status == "interrupted" and stopper.saved == 1
+        assert len(first.epochs) == epoch - 1
+        config, snap = checkpoints.load(tmp_path / "c.h5")
+        assert config == {"model": "lenet"}
+        if cfg.algo == "sequential":  # stopped inside the epoch, not at its end
+            assert 0 < snap.meta["step"] < engine.steps_per_epoch(2000, cfg.batch_size)
+        return first, engine.train(model, data, cfg, resume=snap)
 
 
 def test_sequential_resume_is_bit_identical(synthetic, tmp_path):

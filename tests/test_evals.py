@@ -88,7 +88,11 @@ def test_a_resumed_run_keeps_its_evals_and_goes_on_at_the_boundaries(synthetic, 
     threads = 1 if algo == "sequential" else 2
     cfg = engine.TrainConfig(algo=algo, threads=threads, epochs=3, lr=0.02, seed=2,
                              eval_every=50)
-    first, resumed = interrupted_then_resumed(lenet, synthetic, cfg, tmp_path)
+    # no timed monitor ticks at all: the threads' progress and the stop come
+    # at the eval_every boundaries, whatever the machine's speed (a chunk
+    # shorter than one tick once saw neither, and the run never stopped)
+    first, resumed = interrupted_then_resumed(lenet, synthetic, cfg, tmp_path,
+                                              monitor_seconds=600.0)
     assert resumed.status == "completed"
     assert resumed.evals[: len(first.evals)] == first.evals
     quota = engine.steps_per_epoch(N_TRAIN, cfg.batch_size)

@@ -268,7 +268,7 @@ class ThreadedRun:
             team.state[G.DEADLINE] = time.monotonic_ns() + int((cfg.time_budget - spent) * 1e9)
         train_in_chunks(
             lambda: int(team.state[G.DONE]), self.epoch * self.quota, cfg.eval_every,
-            run_until=lambda limit: team.run_until(limit, self._tick),
+            run_until=self._run_chunk,
             stopped=lambda: bool(self._reason) or G.stopped(team.state),
             out_of_time=lambda: bool(team.state[G.EXPIRED])
             or self._reason == Status.TIME_BUDGET,
@@ -285,6 +285,16 @@ class ThreadedRun:
         elif self._reason:
             r.status = self._reason
         return applied
+
+    def _run_chunk(self, limit: int) -> None:
+        """Allow the updates up to `limit` and wait for them (Team.run_until);
+        at a boundary inside the epoch, tick once more: a chunk shorter than
+        MONITOR_SECONDS (a fast machine, a small eval_every) saw no tick, and
+        a stop asked for meanwhile would otherwise wait for one that is long."""
+        team = self.team
+        team.run_until(limit, self._tick)
+        if limit < self.epoch * self.quota and not G.stopped(team.state) and self._tick():
+            team.join()
 
     def _tick(self) -> bool:
         """What the main thread does every MONITOR_SECONDS while an epoch
