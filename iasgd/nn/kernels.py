@@ -6,6 +6,7 @@ go into arrays the caller preallocated (a worker's workspace and gradient buffer
 Some passes call BLAS (numba's three-argument np.dot, which calls scipy's
 OpenBLAS without the GIL and without allocating): run them under
 `iasgd.nn.blas.single_threaded_blas()` (the executors do), one BLAS thread per worker thread.
+The 5x5 conv forward has a kernel in explicit vectors too (iasgd.nn.simd).
 
 Conventions
 - Activations are float32, C-contiguous, NCHW with a *row stride* S >= the
