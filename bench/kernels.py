@@ -211,10 +211,10 @@ def torch_runner(model: models.Model, batch: int, images: np.ndarray,
     return run
 
 
-# A child process that imports another version of iasgd (the tree's) and
-# then this file's iasgd_runner, and runs the steps it is told: one line
-# "count" in, one line "done" out.
-BASELINE_SERVER = r"""
+# A child process that imports one version of iasgd (the tree's) and then
+# this file's iasgd_runner, and runs the steps it is told: one line "count"
+# in, one line "done" out; it ends when its stdin closes.
+CHILD_STEPS = r"""
 import sys
 tree, bench, name = sys.argv[1:4]
 batch, n = int(sys.argv[4]), int(sys.argv[5])
@@ -245,32 +245,41 @@ def baseline_tree(ref: str) -> Path:
     sha = subprocess.run(["git", "rev-parse", "--verify", f"{ref}^{{commit}}"], cwd=REPO,
                          capture_output=True, text=True)
     if sha.returncode != 0:
-        sys.exit(f"--baseline {ref}: not a commit of {REPO}")
+        print(f"--baseline {ref}: not a commit of {REPO}; give a commit, a branch or a tag",
+              file=sys.stderr)
+        sys.exit(2)
     tree = Path(tempfile.gettempdir()) / f"iasgd-baseline-{sha.stdout.strip()[:12]}"
-    if not (tree / "iasgd").is_dir():
-        tree.mkdir(parents=True, exist_ok=True)
+    if not tree.is_dir():  # extracted beside it, then renamed: never half a tree
+        part = Path(tempfile.mkdtemp(prefix=tree.name + "-", dir=tree.parent))
         archive = subprocess.run(["git", "archive", sha.stdout.strip()], cwd=REPO,
                                  capture_output=True, check=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+        subprocess.run(["tar", "-x", "-C", str(part)], input=archive, check=True)
+        part.rename(tree)
     return tree
 
 
-def baseline_runner(tree: Path, name: str, batch: int, n: int) -> Callable[[int], None]:
+class ChildSteps:
     """run(count): count training steps of the iasgd in `tree` (REF's, or
-    this repository's), in a child."""
-    child = subprocess.Popen([sys.executable, "-c", BASELINE_SERVER, str(tree),
-                              str(REPO / "bench"), name, str(batch), str(n)],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                             env={**os.environ, "PYTHONPATH": ""})
+    this repository's), in a child process (CHILD_STEPS) until close()."""
 
-    def run(count: int) -> None:
-        assert child.stdin is not None and child.stdout is not None
-        child.stdin.write(f"{count}\n")
-        child.stdin.flush()
-        if child.stdout.readline().strip() != "done":
-            sys.exit(f"the baseline's child ({tree}) failed on {name}, batch {batch}")
+    def __init__(self, tree: Path, name: str, batch: int, n: int) -> None:
+        self.what = f"{tree}: {name}, batch {batch}"
+        self.child = subprocess.Popen([sys.executable, "-c", CHILD_STEPS, str(tree),
+                                       str(REPO / "bench"), name, str(batch), str(n)],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                      env={**os.environ, "PYTHONPATH": ""})
 
-    return run
+    def __call__(self, count: int) -> None:
+        assert self.child.stdin is not None and self.child.stdout is not None
+        self.child.stdin.write(f"{count}\n")
+        self.child.stdin.flush()
+        if self.child.stdout.readline().strip() != "done":
+            sys.exit(f"the child timing {self.what} failed")
+
+    def close(self) -> None:
+        assert self.child.stdin is not None
+        self.child.stdin.close()
+        self.child.wait()
 
 
 def side_by_side(runners: list[Callable[[int], None]], batch: int, seconds: float,
@@ -366,13 +375,15 @@ def main() -> None:
         flops = model_flops(model)
         for b in batches:
             # before/after: both versions run alike, each in a child of its own
-            runners = [baseline_runner(REPO, name, b, n) if tree else
-                       iasgd_runner(model, b, images, labels)]
+            children = [ChildSteps(REPO, name, b, n), ChildSteps(tree, name, b, n)] if tree \
+                else []
+            runners = [children[0] if tree else iasgd_runner(model, b, images, labels)]
             if torch_version:
                 runners.append(torch_runner(model, b, images, labels))
-            if tree:
-                runners.append(baseline_runner(tree, name, b, n))
+            runners += children[1:]
             rates = side_by_side(runners, b, args.seconds, args.repeats)
+            for child in children:
+                child.close()
             if torch_version:
                 ratio = f"{statistics.median(rates[0]) / statistics.median(rates[1]):.2f}x"
                 theirs = fmt(rates[1])

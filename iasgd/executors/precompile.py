@@ -53,9 +53,10 @@ from iasgd.protocol import workers
 # Seconds that compiling each kind of job takes in a child on an idle 2-core
 # VM (each job clocked in a cold run, 2026-12-02: sequential steps 2.0-2.1,
 # with a worker loop 9.3; evaluation 0.7-0.9; conv ops 1.6-2.0, the vector
-# conv forward 3.0, dense 1.0-1.5, pool 0.8-0.9). The steps job covers the network's passes; a
-# worker loop adds the loop. Loading what the children cached takes about
-# LOAD_S (0.4-0.5 s). The VM's speed drifts by up to 30 % between hours.
+# conv forward 3.0, dense 1.0-1.5, pool 0.8-0.9). The steps job covers the
+# network's passes; a worker loop adds the loop. Loading what the children
+# cached takes about LOAD_S (0.4-0.5 s). The VM's speed drifts by up to 30 %
+# between hours.
 STEPS_COMPILE_S = 2.5
 EVALUATION_COMPILE_S = 1.0
 WORKER_LOOP_COMPILE_S = 7.5

@@ -83,8 +83,8 @@ PLAN_COLUMNS = 22
 
 # GEMM bits of a conv row: which passes run as GEMMs (any kernel size; the
 # direct kernels exist for 3x3 and 5x5 only), and SIMD_FORWARD: the forward
-# of a 5x5 conv runs as conv5_forward_simd (explicit vectors; a multiple of
-# 16 output channels and at least SIMD_BLOCK output columns).
+# of a 5x5 conv runs as conv5_forward_simd (explicit vectors; which convs:
+# models.conv_paths).
 GEMM_FORWARD = 1
 GEMM_WEIGHTS = 2
 GEMM_INPUT = 4
@@ -104,7 +104,7 @@ SIMD_BLOCK = 10  # output pixels per block of conv5_forward_simd
 #   layout, and BLAS multiplies it (numba's np.dot calls scipy's BLAS without
 #   the GIL and without allocating). It serves the sizes without a direct
 #   kernel, and the gradients of the convs with enough channels for BLAS to
-#   run near its best (models.conv_gemm has the rule and the measurements);
+#   run near its best (models.conv_paths has the rule and the measurements);
 #   on the presets' shapes the direct forward stays as fast or faster.
 
 

@@ -290,8 +290,8 @@ SIMD_MIN_TAPS = 64
 SIMD_MAX_FLOATS = 8192
 
 
-def conv_gemm(k: int, out: int, needs_input_grad: bool, out_width: int = 0,
-              channels: int = 0, in_floats: int = 0) -> int:
+def conv_paths(k: int, out: int, needs_input_grad: bool, out_width: int = 0,
+               channels: int = 0, in_floats: int = 0) -> int:
     """The GEMM and SIMD bits (kernels.GEMM_*, SIMD_FORWARD) of a k x k conv
     from `channels` to `out` channels with `out_width` output columns and
     `in_floats` floats of input per sample (C*H*S): other sizes than 3x3
@@ -328,7 +328,8 @@ def activation_plan(arch: Architecture, layout: list, capacity: int) -> Plan:
     "same" conv is a pad op and a valid conv (right after a pool, no pad op:
     the pool writes inside the zero border), a ReLU works in place, and a
     flatten of a map without junk columns costs nothing. Convs that run a pass
-    as a GEMM (`conv_gemm`) share one sample's scratch after the activations.
+    as a GEMM or in vectors (`conv_paths`) share one sample's scratch after
+    the activations.
     """
     offsets = {name: off for name, _, off in layout}
     shapes = layer_shapes(arch)
@@ -370,7 +371,7 @@ def activation_plan(arch: Architecture, layout: list, capacity: int) -> Plan:
                 x_off, h, w, s = z, ph, pw, pw
             oh, ow = h - layer.k + 1, w - layer.k + 1
             z = alloc(layer.out * oh * s)  # wide rows: the input's stride
-            gemm = conv_gemm(layer.k, layer.out, has_params, ow, c, c * h * s)
+            gemm = conv_paths(layer.k, layer.out, has_params, ow, c, c * h * s)
             ckk = c * layer.k * layer.k
             if gemm & K.GEMM_ALL:  # the column matrix, and two (C*k*k, out) weight gradients
                 scratch = max(scratch, ckk * oh * s + 2 * ckk * layer.out)
