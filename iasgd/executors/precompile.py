@@ -51,15 +51,16 @@ from iasgd.nn import models, ops
 from iasgd.protocol import workers
 
 # Seconds that compiling each kind of job takes in a child on an idle 2-core
-# VM (each job clocked in a cold run, 2026-12-02: sequential steps 2.0-2.1,
-# with a worker loop 9.3; evaluation 0.7-0.9; conv ops 1.6-2.0, the vector
-# conv forward 3.0, dense 1.0-1.5, pool 0.8-0.9). The steps job covers the
-# network's passes; a worker loop adds the loop. Loading what the children
-# cached takes about LOAD_S (0.4-0.5 s). The VM's speed drifts by up to 30 %
-# between hours.
-STEPS_COMPILE_S = 2.5
-EVALUATION_COMPILE_S = 1.0
-WORKER_LOOP_COMPILE_S = 7.5
+# VM (each job clocked in cold runs, 2026-12-02, after the steps' helpers
+# and the worker loops' calls were inlined: sequential steps 1.5-2.0, the
+# interval/Hogwild!/async worker loop 5.0, sync's 3.5; evaluation 0.6-1.0;
+# conv ops 1.6-2.4, the vector conv forward 2.5-3.0, dense 1.0-1.5, pool
+# 0.8-1.2). The steps job covers the network's passes; a worker loop adds
+# the loop. Loading what the children cached takes about LOAD_S (0.4-0.5
+# s). The VM's speed drifts by up to 30 % between hours.
+STEPS_COMPILE_S = 1.8
+EVALUATION_COMPILE_S = 0.8
+WORKER_LOOP_COMPILE_S = 3.0
 # by the op's name (the first prefix that matches; any other: OTHER_OP_S)
 OP_COMPILE_S = {"conv5_simd": 3.0, "conv": 2.0, "dense": 1.5}
 OTHER_OP_S = 0.9
@@ -103,7 +104,7 @@ def kernel_entries(algo: str, simulate: bool = False, plan: np.ndarray | None = 
         entries = [K.train_steps, workers.read_step, workers.compute_step, workers.apply_step,
                    K.predict_images]
     else:
-        entries = [K.network_loss_and_grad, worker_loop(algo), K.predict_images]
+        entries = [worker_loop(algo), K.predict_images]
     return entries + (ops.used(plan) if plan is not None else [])
 
 

@@ -1039,7 +1039,7 @@ def relu_backward_inplace(dz, z):
 # -------------------------------------------------------------------- loss
 
 
-@jit
+@jit_inline
 def softmax_cross_entropy(logits, labels, dlogits):
     """Batch-mean softmax cross-entropy and its gradient.
 
@@ -1067,7 +1067,7 @@ def softmax_cross_entropy(logits, labels, dlogits):
     return total / N
 
 
-@jit
+@jit_inline
 def argmax_rows(scores, out):
     """out[n] = index of the largest entry of scores[n] (first on ties)."""
     N, K = scores.shape
@@ -1082,7 +1082,7 @@ def argmax_rows(scores, out):
 # ---------------------------------------------------------------- optimiser
 
 
-@jit
+@jit_inline
 def sgd_momentum_update(params, velocity, grad, lr, momentum):
     """PyTorch-style heavy ball: v = momentum * v + grad; params -= lr * v."""
     mu = params.dtype.type(momentum)
@@ -1147,7 +1147,7 @@ def rebase(params, base, delta, fresh):
 # ---------------------------------------------------------- whole network
 
 
-@jit
+@jit_inline
 def gather_images(images, idx, scale, shift, x):
     """x[i] = images[idx[i]] * scale + shift, as float32 (the input transform).
 
@@ -1172,7 +1172,7 @@ def copy_values(src, dst):
         dst[i] = src[i]
 
 
-@jit
+@jit_inline
 def affine_copy(src, scale, shift, dst):
     """dst = src * scale + shift elementwise (same size, any shapes)."""
     s = src.reshape(src.size)
@@ -1401,7 +1401,7 @@ def network_forward(params, net, acts, argmax, n):
         net.ops[plan[i, P_FWD]](params, acts, plan, i, acts, acts, argmax, n)
 
 
-@jit
+@jit_inline
 def network_loss_and_grad(params, grad, net, acts, dacts, argmax, labels):
     """Mean loss of the batch whose input sits in acts; gradient into grad.
 

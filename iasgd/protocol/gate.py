@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from iasgd.compiled import jit
+from iasgd.compiled import jit_inline
 from iasgd.protocol.atomics import (
     atomic_add,
     atomic_cas,
@@ -112,18 +112,18 @@ def new_state(y: int = UNBOUNDED, limit: int = 0, active: int = 1 << 30) -> np.n
     return state
 
 
-@jit
+@jit_inline
 def stopped(state):
     return atomic_load(state, STOP) != 0
 
 
-@jit
+@jit_inline
 def _bump_and_wake(state, word):
     atomic_add(state, word, 1)
     futex_wake_all(state, word)
 
 
-@jit
+@jit_inline
 def request_stop(state):
     """Every worker leaves at its next check; sleepers of every kind wake."""
     atomic_store(state, STOP, 1)
@@ -133,20 +133,20 @@ def request_stop(state):
     _bump_and_wake(state, SETTLED)
 
 
-@jit
+@jit_inline
 def mark_diverged(state):
     atomic_store(state, DIVERGED, 1)
     request_stop(state)
 
 
-@jit
+@jit_inline
 def abort(state):
     """A worker failed: stop, and release the others from sync's barriers."""
     atomic_store(state, ABORT, 1)
     request_stop(state)
 
 
-@jit
+@jit_inline
 def backoff(spins):
     """Wait a little: spin for the first rounds, then give the core away."""
     if spins < SPIN_ROUNDS:
@@ -160,7 +160,7 @@ def backoff(spins):
 # ------------------------------------------------------------------ tickets
 
 
-@jit
+@jit_inline
 def take_ticket(state):
     """Reserve one update of the allowance; False when none is left or the
     run is stopping."""
@@ -172,21 +172,21 @@ def take_ticket(state):
             return True
 
 
-@jit
+@jit_inline
 def _wake_allowance_sleepers(state):
     atomic_add(state, ALLOWANCE, 1)
     if atomic_load(state, ALLOWANCE_SLEEPERS) > 0:
         futex_wake_all(state, ALLOWANCE)
 
 
-@jit
+@jit_inline
 def return_ticket(state):
     """Give a ticket back (a dropped update): a sleeping worker may take it."""
     atomic_add(state, TICKETS, -1)
     _wake_allowance_sleepers(state)
 
 
-@jit
+@jit_inline
 def allow(state, limit):
     """Main thread: let the workers apply updates until `limit` in all (the
     next epoch). Never called after a stop."""
@@ -194,14 +194,14 @@ def allow(state, limit):
     _wake_allowance_sleepers(state)
 
 
-@jit
+@jit_inline
 def _no_allowance(state, have):
     if have < 0:
         have = atomic_load(state, TICKETS)
     return have >= atomic_load(state, LIMIT) and not stopped(state)
 
 
-@jit
+@jit_inline
 def wait_for_allowance(state, have):
     """Sleep while nothing is allowed: while `have` (or, if negative, the
     tickets handed out) is at LIMIT, until LIMIT is raised, a ticket comes
@@ -213,7 +213,7 @@ def wait_for_allowance(state, have):
     atomic_add(state, ALLOWANCE_SLEEPERS, -1)
 
 
-@jit
+@jit_inline
 def settle(state):
     """The update is written and recorded. The one that completes the
     allowance wakes the main thread."""
@@ -221,19 +221,19 @@ def settle(state):
         _bump_and_wake(state, SETTLED)
 
 
-@jit
+@jit_inline
 def settle_many(state, count):
     """settle for `count` updates at once (a sync round)."""
     if atomic_add(state, DONE, count) + count >= atomic_load(state, LIMIT):
         _bump_and_wake(state, SETTLED)
 
 
-@jit
+@jit_inline
 def settled(state):
     return atomic_load(state, DONE) >= atomic_load(state, LIMIT) or stopped(state)
 
 
-@jit
+@jit_inline
 def wait_settled(state, timeout_us):
     """Main thread: sleep until every allowed update is written and recorded
     or the run stops (True), or for at most timeout_us (False)."""
@@ -251,18 +251,18 @@ def wait_settled(state, timeout_us):
 # ---------------------------------------------------------------- intervals
 
 
-@jit
+@jit_inline
 def generation(state):
     return atomic_load(state, GEN_TAKEN) >> 32
 
 
-@jit
+@jit_inline
 def slots_left(state):
     """Slots of the current interval not taken yet (0 while it closes)."""
     return max(atomic_load(state, Y) - (atomic_load(state, GEN_TAKEN) & _LOW32), 0)
 
 
-@jit
+@jit_inline
 def try_slot(state):
     """wait policy: take a slot of the current interval if one is free.
     Returns its generation, or -1 if all y are taken (or it is closing)."""
@@ -274,7 +274,7 @@ def try_slot(state):
             return word >> 32
 
 
-@jit
+@jit_inline
 def wait_for_slot(state):
     """wait policy: take a slot, waiting for the next interval while all are
     taken. Returns the generation, or -1 if the run was stopped.
@@ -307,7 +307,7 @@ def wait_for_slot(state):
             return gen
 
 
-@jit
+@jit_inline
 def claim_slot(state, gen):
     """drop policy, at commit: take a slot if interval `gen` is still open and
     has one free. False means the update must be dropped."""
@@ -319,14 +319,14 @@ def claim_slot(state, gen):
             return True
 
 
-@jit
+@jit_inline
 def begin_apply(state):
     """Count one update as applied to the parameters: returns V just before
     it (the update's staleness is this minus V at its read)."""
     return atomic_add(state, VERSION, 1)
 
 
-@jit
+@jit_inline
 def finish_apply(state):
     """Call after the update is written. The apply that completes an interval
     opens the next one (with y from Y_NEXT). Returns True if it did."""
@@ -352,7 +352,7 @@ def finish_apply(state):
     return True
 
 
-@jit
+@jit_inline
 def crossed(state, gen):
     """True if an update read in interval `gen` is about to be applied in
     another one (call between begin_apply and finish_apply; never true while
@@ -363,7 +363,7 @@ def crossed(state, gen):
 # ----------------------------------------------------------- one whole step
 
 
-@jit
+@jit_inline
 def park_while_inactive(state, wid):
     """Sleep while worker `wid` is outside the active count M. False if the
     run stopped instead."""
@@ -376,7 +376,7 @@ def park_while_inactive(state, wid):
     return True
 
 
-@jit
+@jit_inline
 def stop_if_past_deadline(state):
     """Stop the run if its time budget is spent (True). Workers check before
     every step, so a run stops on time however late the main thread gets a
@@ -389,7 +389,7 @@ def stop_if_past_deadline(state):
     return False
 
 
-@jit
+@jit_inline
 def acquire_ticket(state, wid):
     """The first thing a step does: park while inactive, then take a ticket,
     sleeping while none is allowed. False when the worker should leave (the
@@ -406,7 +406,7 @@ def acquire_ticket(state, wid):
         wait_for_allowance(state, -1)
 
 
-@jit
+@jit_inline
 def enter_interval(state, wait):
     """After the ticket, before the read: the generation the step reads in.
     With the wait policy (`wait` true) take a slot, waiting while all are
@@ -419,13 +419,13 @@ def enter_interval(state, wait):
     return gen
 
 
-@jit
+@jit_inline
 def read_version(state):
     """V at the step's read of the parameters."""
     return atomic_load(state, VERSION)
 
 
-@jit
+@jit_inline
 def commit_step(state, gen, drop):
     """After computing: with the drop policy (`drop` true) claim a slot of
     interval `gen`. False means the update is dropped: the caller counts it,
@@ -433,7 +433,7 @@ def commit_step(state, gen, drop):
     return not drop or claim_slot(state, gen)
 
 
-@jit
+@jit_inline
 def set_active(state, m):
     """Let workers 0 .. m-1 run; the others park at their next step."""
     atomic_store(state, M, m)
@@ -443,7 +443,7 @@ def set_active(state, m):
 # ----------------------------------------------------- lock and sync rounds
 
 
-@jit
+@jit_inline
 def lock(state):
     spins = 0
     while atomic_cas(state, LOCK, 0, 1) != 0:
@@ -451,12 +451,12 @@ def lock(state):
         spins += 1
 
 
-@jit
+@jit_inline
 def unlock(state):
     atomic_store(state, LOCK, 0)
 
 
-@jit
+@jit_inline
 def sync_round_size(state, parties, done):
     """Gradients in the next sync round, the same for every party: each
     party counts the rounds' gradients in `done` alike. 0: wait for an
@@ -472,7 +472,7 @@ def sync_round_size(state, parties, done):
     return min(parties, left) if left > 0 else -1
 
 
-@jit
+@jit_inline
 def barrier(state, parties, sense):
     """Sense-reversing barrier for `parties` threads; `sense` is the caller's
     local sense (flip it before each barrier). Returns 1 if the round goes

@@ -28,12 +28,20 @@ from collections import namedtuple
 
 import numpy as np
 
-from iasgd.compiled import jit
+from iasgd.compiled import jit_fastmath, jit_inline
 from iasgd.nn import kernels as K
 from iasgd.protocol import gate as G
 from iasgd.protocol.atomics import atomic_add, atomic_cas, atomic_load, monotonic_ns
 
 HOGWILD, ASYNC, INTERVAL = 0, 1, 2  # the algorithms of async_worker
+
+# Every function here but the two worker loops is inlined into its caller
+# (iasgd.compiled.jit_inline): the loops are the only compiled functions of
+# a run's steps job, and they take the layer kernels' fast-math flags that
+# inlined code is compiled with. Their own code is integers and atomics;
+# the float arithmetic (the step's loss and gradient, the update) is the
+# kernels', which always had those flags, so the simulator's step-by-step
+# calls and a real thread's loop compute the same bits.
 
 # Columns of a worker's int64 counter row (rows padded to a cache line multiple).
 COMPUTED, APPLIED, DROPPED, TAU_SUM, TAU_MAX, WAIT_NS, STEPS_NS, VIOLATIONS, SLICES = range(9)
@@ -61,7 +69,7 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1, _MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 
 
-@jit
+@jit_inline
 def next_random(rng):
     """The next value of the splitmix64 stream whose state is rng[0]. Each
     worker owns its stream, so its batches do not depend on which thread
@@ -73,7 +81,7 @@ def next_random(rng):
     return z ^ (z >> np.uint64(31))
 
 
-@jit
+@jit_inline
 def draw_batch(idx, count, rng):
     """idx[:] = uniform draws from [0, count), with replacement."""
     n = np.uint64(count)
@@ -81,7 +89,7 @@ def draw_batch(idx, count, rng):
         idx[i] = np.int64(next_random(rng) % n)
 
 
-@jit
+@jit_inline
 def gather_batch(inputs, own):
     """The batch own.idx names: its inputs into the start of own.acts, its
     labels into own.batch_labels."""
@@ -92,14 +100,14 @@ def gather_batch(inputs, own):
         own.batch_labels[i] = inputs.labels[own.idx[i]]
 
 
-@jit
+@jit_inline
 def _load_batch(inputs, own):
     """Draw a batch (its indices into own.idx) and gather it."""
     draw_batch(own.idx, inputs.images.shape[0], own.rng)
     gather_batch(inputs, own)
 
 
-@jit
+@jit_inline
 def _enter_step(probe):
     now = atomic_add(probe, ACTIVE, 1) + 1
     while True:  # probe[ACTIVE_MAX] = max(probe[ACTIVE_MAX], now)
@@ -108,12 +116,12 @@ def _enter_step(probe):
             return
 
 
-@jit
+@jit_inline
 def _leave_step(probe):
     atomic_add(probe, ACTIVE, -1)
 
 
-@jit
+@jit_inline
 def record_update(own, shared, tau, loss):
     """Account one applied gradient; its loss also goes into the shared ring
     that the loss monitor reads."""
@@ -130,7 +138,7 @@ def record_update(own, shared, tau, loss):
 # ------------------------------------------------------------ one step
 
 
-@jit
+@jit_inline
 def read_step(plan, shared, inputs, own, snapshot):
     """After the ticket (and slot): draw the batch and read the parameters.
     Returns V at the read. async reads a consistent snapshot into own.local
@@ -156,7 +164,7 @@ def read_step(plan, shared, inputs, own, snapshot):
     return v_read
 
 
-@jit
+@jit_inline
 def compute_step(shared, own, params):
     """Forward and backward of own's batch at `params` (the shared array or
     own.local); the gradient into own.grad. Returns the batch's mean loss."""
@@ -168,7 +176,7 @@ def compute_step(shared, own, params):
     return loss
 
 
-@jit
+@jit_inline
 def apply_step(gen, v_read, loss, plan, shared, own):
     """Commit and apply own.grad, read at V = v_read in interval `gen`:
     returns 1 if applied (and recorded), 0 if the drop gate dropped it, -1
@@ -201,7 +209,7 @@ def apply_step(gen, v_read, loss, plan, shared, own):
     return 1
 
 
-@jit
+@jit_fastmath
 def async_worker(wid, plan, shared, inputs, own):
     """Worker `wid` of hogwild, async (lock-based) or interval, for the whole
     run: it takes steps while the gate allows them and sleeps between
@@ -228,7 +236,7 @@ def async_worker(wid, plan, shared, inputs, own):
 # ------------------------------------------------------------------ sync
 
 
-@jit
+@jit_inline
 def round_gradient(shared, inputs, own, grad):
     """A sync round's gradient of a fresh batch at the shared parameters,
     into `grad` (a row of the round's (n, P) array). Returns its loss."""
@@ -241,7 +249,7 @@ def round_gradient(shared, inputs, own, grad):
     return loss
 
 
-@jit
+@jit_inline
 def apply_round(plan, shared, grads, active, lo, hi, out):
     """Columns [lo, hi) of a sync round's update: their mean over the first
     `active` rows of grads (n, P) into out (hi - lo,), applied to the shared
@@ -252,7 +260,7 @@ def apply_round(plan, shared, grads, active, lo, hi, out):
                           plan.momentum)
 
 
-@jit
+@jit_inline
 def _timed_barrier(state, parties, sense, counters):
     """Flip this worker's sense and pass the barrier, timing the wait.
     Returns the barrier's answer (1 go on, 0 stop, -1 a worker failed)."""
@@ -263,7 +271,7 @@ def _timed_barrier(state, parties, sense, counters):
     return go
 
 
-@jit
+@jit_fastmath
 def sync_worker(wid, parties, plan, shared, inputs, own, grads, sense):
     """One worker of synchronous parallel SGD for the whole run, in rounds:
     every worker computes a gradient on the same parameters into grads[wid]
