@@ -21,7 +21,8 @@ Then a per-op breakdown of each model and batch size: the time of every op
 of the plan, forward and backward, each run alone (the row's compiled ops,
 repeated inside compiled code) and the GFLOP/s of those with
 arithmetic. Then the time to the first training step of a fresh process,
-with an empty numba cache (full compile) and with a warm one (cached start-up).
+with an empty numba cache and with a warm one, as bench/coldstart.py
+measures it (the run's own path: compiling in child processes).
 """
 
 from __future__ import annotations
@@ -302,32 +303,6 @@ def side_by_side(runners: list[Callable[[int], None]], batch: int, seconds: floa
     return rates
 
 
-STARTUP_SCRIPT = """
-import time; t0 = time.perf_counter()
-import numpy as np
-from iasgd.nn import models
-from iasgd.nn.blas import single_threaded_blas
-from iasgd.nn import kernels as K
-m = models.build("lenet", "cifar10"); p = m.init(0); ws = m.workspace(16)
-images = np.zeros((16, 3072), np.uint8); labels = np.zeros(16, np.int64)
-K.train_steps(K.Weights(p, np.zeros_like(p)), ws.buffers,
-              K.Images(images, labels, *m.image_transform),
-              K.Steps(np.arange(16), 0, 1, 16, 0.005, 0.5), np.zeros(1))
-m.predict_images(p, np.zeros((1, 3, 32, 32), np.uint8))
-print(time.perf_counter() - t0)
-"""
-
-
-def startup_seconds(cache_dir: str) -> float:
-    """Wall time of a fresh interpreter from start to its first training step
-    (and first prediction) done, with NUMBA_CACHE_DIR=cache_dir."""
-    env = {**os.environ, "NUMBA_CACHE_DIR": cache_dir, "PYTHONPATH": str(REPO)}
-    t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", STARTUP_SCRIPT], check=True, env=env,
-                   capture_output=True)
-    return time.perf_counter() - t0
-
-
 def fmt(rates: list[float]) -> str:
     return f"{statistics.median(rates):9,.0f} ({min(rates):,.0f}-{max(rates):,.0f})"
 
@@ -404,11 +379,23 @@ def main() -> None:
             for b in batches:
                 print("\n".join(op_breakdown(model, b)), flush=True)
     if not args.no_startup:
-        with tempfile.TemporaryDirectory() as cache:
-            cold = startup_seconds(cache)
-            warm = statistics.median(startup_seconds(cache) for _ in range(3))
-        print(f"fresh process to first step: {cold:.1f} s with an empty numba cache "
-              f"(full compile), {warm:.2f} s cached")
+        print_startup()
+
+
+def print_startup() -> None:
+    """The time of a fresh process to its first training step, cold and
+    warm, as bench/coldstart.py measures it: the run's own path (the
+    kernels compiled side by side in child processes), LeNet-5 on synthetic
+    CIFAR-shaped data, sequential."""
+    import coldstart  # bench/coldstart.py, beside this file
+
+    job = argparse.Namespace(dataset="synthetic", model="lenet", algo="sequential", threads=1)
+    with tempfile.TemporaryDirectory(prefix="iasgd-kernels-") as cache:
+        cold = coldstart.time_to_first_step(job, cache)["first_step"]
+        warm = statistics.median(coldstart.time_to_first_step(job, cache)["first_step"]
+                                 for _ in range(3))
+    print(f"fresh process to first step (bench/coldstart.py: LeNet-5, sequential): "
+          f"{cold:.1f} s with an empty numba cache, {warm:.2f} s cached")
 
 
 if __name__ == "__main__":

@@ -166,7 +166,7 @@ def conv5_backward_input(w, dout, dx):
     conv_backward_input(w, dout, dx, dx.shape[3])
 
 
-@jit
+@jit_inline
 def _conv5_forward(x, w, b, out, width):
     N, C, H, S = x.shape
     O = w.shape[0]
@@ -203,7 +203,7 @@ def _conv5_forward(x, w, b, out, width):
                                   + w4 * r[p + 4])
 
 
-@jit
+@jit_inline
 def _conv5_backward_weights(x, dout, dw, db, width):
     N, C, H, S = x.shape
     O = dw.shape[0]
@@ -256,7 +256,7 @@ def _conv5_backward_weights(x, dout, dw, db, width):
                     _add_taps(dw, o, c, kh, a0, a1, a2, a3, a4)
 
 
-@jit
+@jit_inline
 def _conv5_backward_input(w, dout, dx, width):
     N, C, H, S = dx.shape
     O = w.shape[0]
@@ -297,7 +297,7 @@ def _conv5_backward_input(w, dout, dx, width):
                     _input_grad_head(t0, d, w0, w1, w2, w3)
 
 
-@jit
+@jit_inline
 def _conv3_forward(x, w, b, out, width):
     N, C, H, S = x.shape
     O = w.shape[0]
@@ -346,7 +346,7 @@ def _conv3_forward(x, w, b, out, width):
             o += 1
 
 
-@jit
+@jit_inline
 def _conv3_backward_weights(x, dout, dw, db, width):
     N, C, H, S = x.shape
     O = dw.shape[0]
@@ -408,7 +408,7 @@ def _conv3_backward_weights(x, dout, dw, db, width):
             o += 1
 
 
-@jit
+@jit_inline
 def _conv3_backward_input(w, dout, dx, width):
     N, C, H, S = dx.shape
     O = w.shape[0]
@@ -531,7 +531,7 @@ def col2im(dcol, S, k, L, dxf):
                 r += 1
 
 
-@jit
+@jit_inline
 def conv_forward_gemm(x, w2, b, out, width, col):
     """conv_forward of any odd k by im2col + GEMM, sample by sample.
 
@@ -554,7 +554,7 @@ def conv_forward_gemm(x, w2, b, out, width, col):
                 row[p] += bq
 
 
-@jit
+@jit_inline
 def conv_backward_weights_gemm(x, dout, dw2, db, width, col, acc, tmp):
     """conv_backward_weights by im2col + GEMM: dw2 (O, C*k*k) = the sum over
     samples of dout[n] @ col[n].T, computed transposed (col[n] @ dout[n].T,
@@ -586,7 +586,7 @@ def conv_backward_weights_gemm(x, dout, dw2, db, width, col, acc, tmp):
             dw2[q, r] = acc[r, q]
 
 
-@jit
+@jit_inline
 def conv_backward_input_gemm(w2, dout, dx, width, dcol):
     """conv_backward_input by GEMM + col2im: dcol = w2.T @ dout[n], then
     scattered into dx (N, C, H, S), overwritten, zero in its junk columns.
@@ -612,7 +612,7 @@ def conv_backward_input_gemm(w2, dout, dx, width, dcol):
 # GFLOP/s alone against 54-60.
 
 
-@jit
+@jit_inline
 def conv5_forward_simd(x, wt, b, out, width, block):
     """conv_forward of a 5x5 kernel on float32 maps by explicit vectors, 16
     output channels at a time.
@@ -713,7 +713,7 @@ def _kernel_size(CKK, C):
 # ------------------------------------------------------------ pad and flatten
 
 
-@jit
+@jit_inline
 def pad_forward(x, width, border, out):
     """Copy x (N, C, H, S), valid width `width`, into the middle of out (N, C,
     H+2B, width+2B) and zero the border B around it (every element written)."""
@@ -731,7 +731,7 @@ def pad_forward(x, width, border, out):
                 row[border + width:] = 0
 
 
-@jit
+@jit_inline
 def pad_backward(dout, width, border, dx):
     """dx (N, C, H, S) = the middle of dout (N, C, H+2B, width+2B); junk
     columns of dx (>= width) are zeroed."""
@@ -744,7 +744,7 @@ def pad_backward(dout, width, border, dx):
                 row[width:] = 0
 
 
-@jit
+@jit_inline
 def flatten_forward(x, width, out):
     """out (N, C*H*width) = the valid columns of x (N, C, H, S), in C order."""
     N, C, H, _ = x.shape
@@ -756,7 +756,7 @@ def flatten_forward(x, width, out):
                 copy_values(x[n, c, i, :width], y[base:base + width])
 
 
-@jit
+@jit_inline
 def flatten_backward(dout, width, dx):
     """dx (N, C, H, S) = dout (N, C*H*width) unflattened; junk columns zeroed."""
     N, C, H, _ = dx.shape
@@ -821,7 +821,7 @@ def maxpool2_forward(z, width, out, argmax):
     _maxpool2_forward(z, width, out, 0, argmax, False)
 
 
-@jit
+@jit_inline
 def _maxpool2_forward(z, width, out, border, argmax, relu):
     # out: the whole output map, C-contiguous, with the pooled (PH, PW) =
     # argmax's shape inside a border of `border` pixels (the padding of a
@@ -866,7 +866,7 @@ def maxpool2_backward(dout, out, argmax, dz):
     _maxpool2_backward(dout, out, argmax, dz, False)
 
 
-@jit
+@jit_inline
 def _maxpool2_backward(dout, out, argmax, dz, relu):
     N, C, PH, PW = dout.shape
     dz[:] = 0
@@ -898,7 +898,7 @@ BLAS_MIN_INPUTS = 1024
 BLAS_MIN_WIDE_ROWS = 16
 
 
-@jit
+@jit_inline
 def dense_forward(a, w, b, out):
     """out = a @ w.T + b.  a: (N, I); w: (O, I); b: (O,); out: (N, O).
 
@@ -944,7 +944,7 @@ def dense_forward(a, w, b, out):
         n += 1
 
 
-@jit
+@jit_inline
 def dense_backward_weights(a, dout, dw, db):
     """dw = dout.T @ a, db = sum over rows of dout (both overwritten).
 
@@ -985,7 +985,7 @@ def dense_backward_weights(a, dout, dw, db):
             n += 1
 
 
-@jit
+@jit_inline
 def dense_backward_input(w, dout, da):
     """da = dout @ w (overwritten).  w: (O, I); dout: (N, O); da: (N, I).
 
