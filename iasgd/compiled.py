@@ -123,15 +123,15 @@ def _decorator(**flags: Any) -> Callable[[Callable[..., Any]], Any]:
 jit = _decorator(**FLAGS)
 jit_fastmath = _decorator(**FLAGS, fastmath=set(FASTMATH))
 # Small helpers (array views, taps), the layer kernels (each copied into
-# the op that calls it), the training step's parts (loss, update, batch gathering) and every call
-# below a worker loop (the gate, a step's read, compute and apply): numba
-# copies their code into each caller before typing it, instead of
-# compiling, optimising, emitting and caching each one as a function of its
-# own for every type it is called with. Each such function cost about 0.3 s
-# of a cold start, and its code was optimised again inside its caller (LLVM
-# inlined them anyway): inlining them took the interval worker loop from
-# 8.7 to 5.0 s of compiling, the sequential steps from 2.2 to 1.7 s and
-# LeNet-5's ops from 16-18 to 13-15 CPU-s. It
+# the op that calls it), the training step's parts (loss, update, batch
+# gathering) and every call below a worker loop (the gate, a step's read,
+# compute and apply): numba copies their code into each caller before
+# typing it, instead of compiling, optimising, emitting and caching each
+# one as a function of its own for every type it is called with. Each such
+# function cost about 0.3 s of a cold start, and its code was optimised
+# again inside its caller (LLVM inlined them anyway): inlining them took
+# the interval worker loop from 8.7 to 5.0 s of compiling, the sequential
+# steps from 2.2 to 1.7 s and LeNet-5's ops from 16-18 to 13-15 CPU-s. It
 # also keeps the cache safe for compiling side by side
 # (iasgd.executors.precompile): every cached function is reached from one
 # layer op or entry only. Inlined code is compiled with its caller's flags,
