@@ -115,8 +115,9 @@ def op_label(row: np.ndarray) -> str:
         bits = row[K.P_GEMM]
         gemm = "/".join(label for bit, label in ((K.GEMM_FORWARD, "fwd"), (K.GEMM_WEIGHTS, "dw"),
                                                  (K.GEMM_INPUT, "dx")) if bits & bit)
-        ways = ([f"gemm {gemm}"] if gemm else []) + (["simd fwd"] if bits & K.SIMD_FORWARD
-                                                      else [])
+        simd = "/".join(label for bit, label in ((K.SIMD_FORWARD, "fwd"), (K.SIMD_WEIGHTS, "dw"))
+                        if bits & bit)
+        ways = ([f"gemm {gemm}"] if gemm else []) + ([f"simd {simd}"] if simd else [])
         return f"conv {c}->{co} k{row[K.P_K]} on {h}x{w}" + (f" ({', '.join(ways)})" if ways
                                                               else "")
     if row[K.P_OP] == K.OP_DENSE:

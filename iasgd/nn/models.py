@@ -288,34 +288,49 @@ GEMM_INPUT_MIN_CHANNELS = 32
 SIMD = simd.available() and os.environ.get("IASGD_SIMD", "1") != "0"
 SIMD_MIN_TAPS = 64
 SIMD_MAX_FLOATS = 8192
+# The explicit-vector weight gradient of a 5x5 conv with whole vectors of
+# output channels, from 100 taps per output (4 input channels). Alone, b =
+# 16, GFLOP/s direct vs vectors: 6 -> 16 on 14x14 (LeNet-5) 57-70 vs 141,
+# 32 -> 64 on 12x12 53 vs 189, 8 -> 16 on 16x16 84 vs 162, 6 -> 32 on 9x9
+# 25 vs 115; on 32x32 maps, where the direct kernel's rows are long, 4 -> 16
+# 113 vs 113 and 3 -> 16 (75 taps) 127 vs 95.
+SIMD_WEIGHTS_MIN_TAPS = 100
 
 
 def conv_paths(k: int, out: int, needs_input_grad: bool, out_width: int = 0,
                channels: int = 0, in_floats: int = 0) -> int:
-    """The GEMM and SIMD bits (kernels.GEMM_*, SIMD_FORWARD) of a k x k conv
+    """The GEMM and SIMD bits (kernels.GEMM_*, SIMD_*) of a k x k conv
     from `channels` to `out` channels with `out_width` output columns and
     `in_floats` floats of input per sample (C*H*S): other sizes than 3x3
-    and 5x5 run every pass as GEMMs; a 5x5 forward runs as explicit vectors
-    (iasgd.nn.simd) where this machine has AVX-512 and the conv has whole
-    vectors of output channels, a block's width of columns, SIMD_MIN_TAPS
-    taps (channels * k * k) or more, and an input that fits in L1 beside a
-    group of weights (SIMD_MAX_FLOATS)."""
+    and 5x5 run every pass as GEMMs. A 5x5 conv with whole vectors of output
+    channels on a machine with AVX-512 runs passes as explicit vectors
+    (iasgd.nn.simd): its forward with a block's width of columns,
+    SIMD_MIN_TAPS taps (channels * k * k) or more, and an input that fits in
+    L1 beside a group of weights (SIMD_MAX_FLOATS); its weight gradient from
+    SIMD_WEIGHTS_MIN_TAPS taps."""
     if k not in (3, 5):
         return K.GEMM_ALL
     bits = 0
     taps = channels * k * k
-    if (SIMD and k == 5 and out % simd.LANES == 0 and out_width >= K.SIMD_BLOCK
-            and taps >= SIMD_MIN_TAPS and in_floats + taps * simd.LANES <= SIMD_MAX_FLOATS):
+    vectors = SIMD and k == 5 and out % simd.LANES == 0
+    if (vectors and out_width >= K.SIMD_BLOCK and taps >= SIMD_MIN_TAPS
+            and in_floats + taps * simd.LANES <= SIMD_MAX_FLOATS):
         bits |= K.SIMD_FORWARD
+    if vectors and taps >= SIMD_WEIGHTS_MIN_TAPS:
+        bits |= K.SIMD_WEIGHTS
     if needs_input_grad and out >= GEMM_INPUT_MIN_CHANNELS:
         bits |= K.GEMM_INPUT
     return bits
 
 
-def simd_scratch(c: int, k: int, out: int) -> int:
-    """Floats of scratch conv5_forward_lanes needs: the reordered weights and
-    one block of accumulators."""
-    return c * k * k * out + K.SIMD_BLOCK * simd.LANES
+def simd_scratch(c: int, k: int, out: int, out_pixels: int, bits: int) -> int:
+    """Floats of scratch the explicit-vector passes of a conv need (`bits`:
+    its SIMD_* bits): conv5_forward_lanes the reordered weights and one
+    block of accumulators, conv5_weights_lanes a sample's output gradient
+    of 16 channels and their weight gradient."""
+    forward = c * k * k * out + K.SIMD_BLOCK * simd.LANES if bits & K.SIMD_FORWARD else 0
+    weights = (out_pixels + c * k * k) * simd.LANES if bits & K.SIMD_WEIGHTS else 0
+    return max(forward, weights)
 
 
 def activation_plan(arch: Architecture, layout: list, capacity: int) -> Plan:
@@ -375,8 +390,7 @@ def activation_plan(arch: Architecture, layout: list, capacity: int) -> Plan:
             ckk = c * layer.k * layer.k
             if gemm & K.GEMM_ALL:  # the column matrix, and two (C*k*k, out) weight gradients
                 scratch = max(scratch, ckk * oh * s + 2 * ckk * layer.out)
-            if gemm & K.SIMD_FORWARD:
-                scratch = max(scratch, simd_scratch(c, layer.k, layer.out))
+            scratch = max(scratch, simd_scratch(c, layer.k, layer.out, oh * ow, gemm))
             emit(K.OP_CONV, layer.out, oh, ow, s, z, K=layer.k,
                  WOFF=offsets[f"{ls.name}.weight"], BOFF=offsets[f"{ls.name}.bias"],
                  GEMM=gemm)

@@ -101,6 +101,35 @@ def splat(typingctx: Any, value: Any) -> Any:
 
 
 @intrinsic
+def splat_at(typingctx: Any, arr: Any, index: Any) -> Any:
+    """A vector of 16 copies of arr[index] (one broadcast load: unlike
+    `splat(arr[index])`, no check for a negative index in front of it)."""
+    if not (_float32_vector(arr) and isinstance(index, types.Integer)):
+        return None
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        data = context.make_array(sig.args[0])(context, builder, args[0]).data
+        value = builder.load(builder.gep(data, [args[1]]), align=4)
+        one = builder.insert_element(ir.Constant(_VECTOR, ir.Undefined), value,
+                                     ir.Constant(ir.IntType(32), 0))
+        return builder.shuffle_vector(one, ir.Constant(_VECTOR, ir.Undefined),
+                                      ir.Constant(ir.VectorType(ir.IntType(32), LANES),
+                                                  [0] * LANES))
+    return f32x16(arr, index), codegen
+
+
+@intrinsic
+def add(typingctx: Any, a: Any, b: Any) -> Any:
+    """a + b, lane by lane."""
+    if not a == b == f32x16:
+        return None
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        return builder.fadd(*args)
+    return f32x16(a, b), codegen
+
+
+@intrinsic
 def fma(typingctx: Any, a: Any, b: Any, c: Any) -> Any:
     """a * b + c, lane by lane, rounded once (LLVM's fma)."""
     if not a == b == c == f32x16:

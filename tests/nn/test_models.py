@@ -236,9 +236,10 @@ def test_plan_fuses_relus_and_skips_free_flattens():
     # a kernel size without direct kernels runs every pass as GEMMs
     plan = models.build("conv4k7s,relu,conv3k1,dense", "cifar10").workspace(2).plan
     assert plan[plan[:, K.P_OP] == K.OP_CONV, K.P_GEMM].tolist() == [K.GEMM_ALL] * 2
-    # LeNet-5's second conv's forward (16 channels, 150 taps, a 5 KB input)
-    # runs as vectors where the machine has AVX-512, not its first (6 channels)
-    simd = K.SIMD_FORWARD if models.SIMD else 0
+    # LeNet-5's second conv's forward and weight gradient (16 channels, 150
+    # taps, a 5 KB input) run as vectors where the machine has AVX-512, not
+    # its first conv's (6 channels)
+    simd = K.SIMD_FORWARD | K.SIMD_WEIGHTS if models.SIMD else 0
     plan = models.build("lenet", "cifar10").workspace(2).plan
     assert plan[plan[:, K.P_OP] == K.OP_CONV, K.P_GEMM].tolist() == [0, simd]
     plan = models.build("conv3k3s,relu,dense", "cifar10").workspace(2).plan

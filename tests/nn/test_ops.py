@@ -24,11 +24,12 @@ def test_every_op_function_of_the_kernels_is_in_the_table_once():
 
 def test_lenet_runs_direct_5x5_convs_and_its_first_conv_computes_no_input_gradient():
     rows = [ops.row_ops(row) for row in plan_of("lenet")]
-    # the 16-channel conv's forward: explicit vectors, where the machine has AVX-512
-    second = "conv5_simd_forward_op" if models.SIMD else "conv5_forward_op"
+    # the 16-channel conv's forward and weight gradient: explicit vectors,
+    # where the machine has AVX-512
+    second = "conv5_simd" if models.SIMD else "conv5"
     assert rows == [("conv5_forward_op", "conv5_weights_op", "nothing"),
                     ("pool_forward_op", "nothing", "pool_input_op"),
-                    (second, "conv5_weights_op", "conv5_input_op"),
+                    (f"{second}_forward_op", f"{second}_weights_op", "conv5_input_op"),
                     ("pool_forward_op", "nothing", "pool_input_op"),
                     ("dense_forward_op", "dense_weights_op", "dense_input_op"),
                     ("dense_forward_op", "dense_weights_op", "dense_input_op")]
@@ -49,6 +50,8 @@ def test_the_gemm_bits_pick_the_gemm_op_of_each_pass():
     conv = next(row for row in plan_of("conv16k5,relu,dense") if row[K.P_OP] == K.OP_CONV)
     conv[K.P_GEMM] = K.SIMD_FORWARD
     assert ops.row_ops(conv) == ("conv5_simd_forward_op", "conv5_weights_op", "nothing")
+    conv[K.P_GEMM] = K.SIMD_WEIGHTS
+    assert ops.row_ops(conv) == ("conv5_forward_op", "conv5_simd_weights_op", "nothing")
 
 
 def test_assign_writes_the_positions_the_table_holds_them_at():

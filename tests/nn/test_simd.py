@@ -1,4 +1,4 @@
-"""iasgd.nn.simd's vectors and the explicit-vector conv forward, against numpy
+"""iasgd.nn.simd's vectors and the explicit-vector conv passes, against numpy
 and scipy."""
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from iasgd.nn import simd
 
 @jit
 def _fma_of_loaded(a, b, c, out):
-    """out[:16] = a[1:17] * b[0] + c[:16], through every intrinsic."""
-    simd.store(out, 0, simd.fma(simd.load(a, 1), simd.splat(b[0]), simd.load(c, 0)))
+    """out[:16] = a[1:17] * b[0] + c[:16] + b[0], through every intrinsic."""
+    product = simd.fma(simd.load(a, 1), simd.splat(b[0]), simd.load(c, 0))
+    simd.store(out, 0, simd.add(product, simd.splat_at(b, 0)))
 
 
 def test_load_splat_fma_store_match_numpy():
@@ -27,7 +28,7 @@ def test_load_splat_fma_store_match_numpy():
     b = np.float32([1.5])
     out = np.full(20, np.nan, np.float32)
     _fma_of_loaded(a, b, c, out)
-    np.testing.assert_allclose(out[:16], a[1:17] * b[0] + c[:16], rtol=1e-6)
+    np.testing.assert_allclose(out[:16], a[1:17] * b[0] + c[:16] + b[0], rtol=1e-6)
     assert np.isnan(out[16:]).all()  # 16 lanes, no more
 
 
@@ -65,3 +66,36 @@ def test_conv5_forward_simd_matches_scipy(shape):
     got = out.reshape(N, O, H - k + 1, S)[..., :OW]
     want = conv2d_valid(x[..., :W].astype(np.float64), w.astype(np.float64), b)
     assert np.abs(got - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.tuples(
+    st.integers(1, 3),  # N
+    st.integers(1, 8),  # C
+    st.sampled_from([16, 32]),  # O: whole vectors of output channels
+    st.integers(0, 3),  # H - k
+    st.integers(1, 13),  # OW: odd and even (pixels go in pairs)
+    st.integers(0, 3),  # junk columns
+    st.integers(0, 2**31 - 1),
+))
+def test_conv5_backward_weights_simd_matches_numpy(shape):
+    """dw[o, c, kh, kw] = sum over samples and output pixels of dout * the
+    input under tap (kh, kw); db[o] = the sum of dout: numpy in float64."""
+    N, C, O, dh, OW, junk, seed = shape
+    k = 5
+    H, W = k + dh, OW + k - 1
+    S, OH = W + junk, dh + 1
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((N, C, H, S)).astype(np.float32)  # junk columns hold garbage
+    dout = rng.standard_normal((N, O, OH, S)).astype(np.float32)
+    dout[..., OW:] = 0  # the kernels' contract: zero in junk columns
+    dw = np.full((O, C, k, k), np.nan, np.float32)
+    db = np.full(O, np.nan, np.float32)
+    scratch = np.full((OH * OW + C * k * k) * simd.LANES, np.nan, np.float32)
+    K.conv5_backward_weights_simd(x, dout.reshape(N, O, OH * S), dw, db, W, scratch)
+    windows = np.lib.stride_tricks.sliding_window_view(x[..., :W].astype(np.float64),
+                                                       (k, k), axis=(2, 3))  # (N, C, OH, OW, k, k)
+    want = np.einsum("noij,ncijhw->ochw", dout[..., :OW].astype(np.float64), windows)
+    assert np.abs(dw - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
+    np.testing.assert_allclose(db, dout.sum(axis=(0, 2, 3), dtype=np.float64), rtol=1e-5,
+                               atol=1e-5)
