@@ -132,7 +132,7 @@ def test_relu_maxpool2_forward_and_backward(shape):
         assert abs(central_difference(loss, zw, i) - dz.flat[i]) < 1e-6
 
 
-dense_shapes = st.tuples(st.integers(1, 5), st.integers(1, 40), st.integers(1, 12),
+dense_shapes = st.tuples(st.integers(1, 20), st.integers(1, 40), st.integers(1, 12),
                          st.integers(0, 2**31 - 1))
 
 
@@ -145,9 +145,13 @@ def test_dense_forward_and_backward(shape):
     w = rng.standard_normal((O, I))
     b = rng.standard_normal(O)
     out = np.zeros((N, O))
-    K.dense_forward(a.astype(np.float32), w.astype(np.float32), b.astype(np.float32),
-                    out32 := np.zeros((N, O), np.float32))
-    assert rel_err(out32, a @ w.T + b) < FWD_RTOL
+    a32, w32, b32 = (v.astype(np.float32) for v in (a, w, b))
+    K.dense_forward(a32, w32, b32, out32 := np.zeros((N, O), np.float32))
+    # against the same float32 inputs in float64, relative to the size of the
+    # terms: a sum that nearly cancels would magnify the inputs' rounding
+    exact = a32.astype(np.float64) @ w32.T.astype(np.float64) + b32
+    terms = np.abs(a32) @ np.abs(w32.T) + np.abs(b32)
+    assert np.max(np.abs(out32 - exact)) <= FWD_RTOL * np.max(terms)
     R = rng.standard_normal((N, O))
 
     def loss(_):
@@ -163,10 +167,13 @@ def test_dense_forward_and_backward(shape):
             assert abs(fd - grad.flat[i]) <= FD_RTOL * max(1.0, abs(fd))
 
 
-# One shape per code path of the dense kernels: loops (a wide input below
-# K.BLAS_MIN_WIDE_ROWS rows too); BLAS for many rows; BLAS for the weight
-# gradient of a wide input (K.BLAS_MIN_INPUTS) from K.BLAS_MIN_WIDE_ROWS rows.
-DENSE_PATHS = [(4, 20, 8), (K.BLAS_MIN_ROWS + 3, 20, K.BLAS_MIN_OUTPUTS + 2),
+# One shape per code path of the dense kernels: loops (one group of 8 rows,
+# a short last group; inputs in several blocks of K.DENSE_BLOCK columns, the
+# last one short; a wide input below K.BLAS_MIN_WIDE_ROWS rows too); BLAS for
+# many rows; BLAS for the weight gradient of a wide input (K.BLAS_MIN_INPUTS)
+# from K.BLAS_MIN_WIDE_ROWS rows.
+DENSE_PATHS = [(4, 20, 8), (8, 20, 8), (17, 20, 8), (11, 2 * K.DENSE_BLOCK + 5, 6),
+               (K.BLAS_MIN_ROWS + 3, 20, K.BLAS_MIN_OUTPUTS + 2),
                (K.BLAS_MIN_WIDE_ROWS - 1, K.BLAS_MIN_INPUTS + 7, K.BLAS_MIN_OUTPUTS + 2),
                (K.BLAS_MIN_WIDE_ROWS, K.BLAS_MIN_INPUTS + 7, K.BLAS_MIN_OUTPUTS + 2)]
 
