@@ -55,7 +55,7 @@ from iasgd.protocol import workers
 # an op, the steps or a worker loop inlined: sequential steps 1.5-2.0, the
 # interval/Hogwild!/async worker loop 5.0, sync's 3.5; evaluation 0.6-1.0;
 # the direct conv ops 1.2-1.5 since their (channel, kernel row) loops are
-# one loop each, the vector conv passes 1.9-2.0, dense 0.6-1.2, pool
+# one loop each, the vector conv passes 1.9-2.0, dense 0.6-1.5, pool
 # 0.5-0.9). The steps job covers the network's passes; a worker loop adds the
 # loop. Loading what the children cached takes about LOAD_S (0.4-0.5 s).
 # The VM's speed drifts by up to 30 % between hours.
@@ -63,7 +63,7 @@ STEPS_COMPILE_S = 1.8
 EVALUATION_COMPILE_S = 0.9
 WORKER_LOOP_COMPILE_S = 3.0
 # by the op's name (the first prefix that matches; any other: OTHER_OP_S)
-OP_COMPILE_S = {"conv5_simd": 1.9, "conv": 1.5, "dense": 1.2}
+OP_COMPILE_S = {"conv5_simd": 1.9, "conv": 1.5, "dense": 1.3}
 OTHER_OP_S = 0.9
 LOAD_S = 0.5
 # Each compiling process holds a few hundred MB: more than this many children
