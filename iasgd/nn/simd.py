@@ -61,6 +61,15 @@ def _lanes_at(context: Any, builder: Any, arrty: Any, arr: Any, index: Any) -> A
     return builder.bitcast(builder.gep(data, [index]), ir.PointerType(_VECTOR))
 
 
+def _broadcast(builder: Any, value: Any) -> Any:
+    """A <16 x float> of copies of the float `value` (LLVM turns it into one
+    broadcast, from memory where `value` was just loaded)."""
+    one = builder.insert_element(ir.Constant(_VECTOR, ir.Undefined), value,
+                                 ir.Constant(ir.IntType(32), 0))
+    return builder.shuffle_vector(one, ir.Constant(_VECTOR, ir.Undefined),
+                                  ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES))
+
+
 @intrinsic
 def load(typingctx: Any, arr: Any, index: Any) -> Any:
     """arr[index : index + 16] as a vector."""
@@ -92,11 +101,7 @@ def splat(typingctx: Any, value: Any) -> Any:
         return None
 
     def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
-        one = builder.insert_element(ir.Constant(_VECTOR, ir.Undefined), args[0],
-                                     ir.Constant(ir.IntType(32), 0))
-        return builder.shuffle_vector(one, ir.Constant(_VECTOR, ir.Undefined),
-                                      ir.Constant(ir.VectorType(ir.IntType(32), LANES),
-                                                  [0] * LANES))
+        return _broadcast(builder, args[0])
     return f32x16(value), codegen
 
 
@@ -109,12 +114,7 @@ def splat_at(typingctx: Any, arr: Any, index: Any) -> Any:
 
     def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
         data = context.make_array(sig.args[0])(context, builder, args[0]).data
-        value = builder.load(builder.gep(data, [args[1]]), align=4)
-        one = builder.insert_element(ir.Constant(_VECTOR, ir.Undefined), value,
-                                     ir.Constant(ir.IntType(32), 0))
-        return builder.shuffle_vector(one, ir.Constant(_VECTOR, ir.Undefined),
-                                      ir.Constant(ir.VectorType(ir.IntType(32), LANES),
-                                                  [0] * LANES))
+        return _broadcast(builder, builder.load(builder.gep(data, [args[1]]), align=4))
     return f32x16(arr, index), codegen
 
 
