@@ -988,119 +988,166 @@ def _maxpool2_backward(dout, out, argmax, dz, relu):
 
 # --------------------------------------------------------------------- dense
 #
-# BLAS (np.dot) where it beats the loops below, measured single-threaded on
-# this project's shapes (GFLOP/s, loops vs BLAS): every pass of 64 rows
-# (forward 4096 -> 128: 38 vs 66, 400 -> 120: 41 vs 60, 120 -> 10: 30 vs 36;
-# weight gradient 29 vs 71, 31 vs 58, but 27 vs 17 with 10 outputs), not of
-# 16 rows (forward 38 vs 32, 45 vs 34, 35 vs 18; the weight gradient even:
-# 36 vs 35, 47 vs 52, 42 vs 44) -- except the weight gradient of wide inputs
-# (3072 or 4096 -> 128: mlp's first layer, vgg-small's head) from 16 rows,
-# whose rows of activations no longer stay in L1 for the loops (36-53 vs
-# 61-113 alone, noisy). Whole training steps side by side, BLAS there vs the
-# loops: mlp 1.15-1.24x at 16 rows (0.88x at 8 rows), vgg-small 0.98-1.08x;
-# BLAS for the forward and input gradient of those layers at 16 rows too
-# made mlp 8 % and vgg-small 0-2 % slower.
+# The forward and the weight gradient take eight rows of inputs and two
+# output rows at a time: sixteen sums or FMAs per eight vector loads, and
+# inputs in blocks of DENSE_BLOCK columns (8 rows: 16 KB) that stay in L1
+# while every output row's block passes by. The input gradient keeps simpler
+# loops (four weight rows a pass): the same scheme ran it 1.0-1.7x faster
+# alone, but its op compiled in 1.7-1.9 s instead of 0.6-0.8 s, and it is a
+# small part of every preset's step (mlp's first layer has none).
+#
+# BLAS (np.dot) only for the gradients from BLAS_MIN_ROWS rows. Single
+# threaded, alone, loops vs BLAS in microseconds (one run on an AVX-512 core
+# whose BLAS runs 256-bit code):
+# - forward: faster at every size tried, 8-256 rows (3072 -> 128 at 8 rows:
+#   45 vs 188; at 64: 292 vs 561; at 256: 1,861 vs 1,998), so never BLAS;
+# - weight gradient: 42 vs 90 (3072 -> 128, 8 rows), 113 vs 148 (16 rows),
+#   but 302 vs 269 at 32 rows and 3,160 vs 2,189 at 256;
+# - input gradient (four-row loops then): 128 vs 251 (128 -> 4096, 8 rows),
+#   but 12 vs 10 (128 -> 128, 16 rows) and 364 vs 339 (128 -> 3072, 32 rows).
 BLAS_MIN_ROWS = 32
-BLAS_MIN_OUTPUTS = 16
-BLAS_MIN_INPUTS = 1024
-BLAS_MIN_WIDE_ROWS = 16
-DENSE_BLOCK = 512  # input columns per block of the dense loops (8 rows: 16 KB)
+DENSE_BLOCK = 512  # input columns per block of the dense loops
 
 
 @jit_inline
 def dense_forward(a, w, b, out):
     """out = a @ w.T + b.  a: (N, I); w: (O, I); b: (O,); out: (N, O).
 
-    Eight samples at a time share every load of a weight row, and the
-    inputs go in blocks of DENSE_BLOCK columns: a group's block (16 KB)
-    stays in L1 while every weight row's block passes by, and the weights'
-    block (O * 2 KB) stays in L2 for the next group. Without the blocks, 8
-    input rows of 3072 (mlp's first layer) came from L2 for every output.
-    The last group repeats its last sample where it has fewer than 8
-    (computed, not stored): one loop body, not one per group size. mlp's
-    first layer at b = 8, alone, taking turns: 124-131 us with 4 samples a
-    group and no blocks, 82-88 us now (103-107 with 8 but no blocks).
+    Each pass takes eight samples and two weight rows: sixteen sums in
+    registers, each weight load shared by eight samples and each input load
+    by two outputs. Where a group has fewer than eight samples it repeats its
+    last (computed, not stored), and an odd last output is paired with itself:
+    one loop body for every shape. mlp's first layer at b = 8, alone: 45 us
+    with one weight row a pass, 37 us now.
     """
     N, I = a.shape
     O = w.shape[0]
-    if N >= BLAS_MIN_ROWS:
-        np.dot(a, w.T, out)
-        for n in range(N):
-            row = out[n]
-            for o in range(O):
-                row[o] += b[o]
-        return
     zero = w.dtype.type(0)
     for i0 in range(0, I, DENSE_BLOCK):
+        i1 = min(i0 + DENSE_BLOCK, I)
         for n in range(0, N, 8):
-            a0, a1, a2, a3, a4, a5, a6, a7 = _eight_rows(a, n, N, i0, min(i0 + DENSE_BLOCK, I))
-            for o in range(O):
-                wo = w[o, i0:i0 + a0.size]
+            a0, a1, a2, a3, a4, a5, a6, a7 = _eight_rows(a, n, i0, i1)
+            for o in range(0, O, 2):
+                p = min(o + 1, O - 1)
+                wo, wp = w[o][i0:i1], w[p][i0:i1]
                 s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = zero
-                for i in range(a0.size):
-                    t = wo[i]
-                    s0 += t * a0[i]
-                    s1 += t * a1[i]
-                    s2 += t * a2[i]
-                    s3 += t * a3[i]
-                    s4 += t * a4[i]
-                    s5 += t * a5[i]
-                    s6 += t * a6[i]
-                    s7 += t * a7[i]
-                for k, v in enumerate((s0, s1, s2, s3, s4, s5, s6, s7)):
-                    if n + k < N:
-                        out[n + k, o] = (v + b[o]) if i0 == 0 else out[n + k, o] + v
+                t0 = t1 = t2 = t3 = t4 = t5 = t6 = t7 = zero
+                for i in range(i1 - i0):
+                    x, y = wo[i], wp[i]
+                    c0, c1, c2, c3 = a0[i], a1[i], a2[i], a3[i]
+                    c4, c5, c6, c7 = a4[i], a5[i], a6[i], a7[i]
+                    s0 += x * c0
+                    s1 += x * c1
+                    s2 += x * c2
+                    s3 += x * c3
+                    s4 += x * c4
+                    s5 += x * c5
+                    s6 += x * c6
+                    s7 += x * c7
+                    t0 += y * c0
+                    t1 += y * c1
+                    t2 += y * c2
+                    t3 += y * c3
+                    t4 += y * c4
+                    t5 += y * c5
+                    t6 += y * c6
+                    t7 += y * c7
+                _store_sums(out, n, o, b[o], i0 == 0, (s0, s1, s2, s3, s4, s5, s6, s7))
+                _store_sums(out, n, p, b[p], i0 == 0, (t0, t1, t2, t3, t4, t5, t6, t7))
 
 
 @jit_inline
-def _eight_rows(a, n, N, i0, i1):
-    """Columns i0:i1 of rows n .. n+7 of a, the last row N-1 in place of
-    those past it."""
-    return (a[n, i0:i1], a[min(n + 1, N - 1), i0:i1], a[min(n + 2, N - 1), i0:i1],
-            a[min(n + 3, N - 1), i0:i1], a[min(n + 4, N - 1), i0:i1],
-            a[min(n + 5, N - 1), i0:i1], a[min(n + 6, N - 1), i0:i1],
-            a[min(n + 7, N - 1), i0:i1])
+def _store_sums(out, n, o, bias, first, sums):
+    """out[n + k, o] = bias + sums[k] (first block) or += sums[k] (later
+    blocks), for the k with n + k < N."""
+    for k, s in enumerate(sums):
+        if n + k < out.shape[0]:
+            out[n + k, o] = (s + bias) if first else out[n + k, o] + s
+
+
+@jit_inline
+def _eight_rows(a, n, i0, i1):
+    """Columns i0:i1 of rows n .. n+7 of the (N, I) array a, 1-d and
+    contiguous; the last row N-1 stands in for those past it."""
+    last = a.shape[0] - 1
+    return (a[n][i0:i1], a[min(n + 1, last)][i0:i1], a[min(n + 2, last)][i0:i1],
+            a[min(n + 3, last)][i0:i1], a[min(n + 4, last)][i0:i1],
+            a[min(n + 5, last)][i0:i1], a[min(n + 6, last)][i0:i1],
+            a[min(n + 7, last)][i0:i1])
 
 
 @jit_inline
 def dense_backward_weights(a, dout, dw, db):
     """dw = dout.T @ a, db = sum over rows of dout (both overwritten).
 
-    a: (N, I); dout: (N, O); dw: (O, I); db: (O,). Four samples per pass over
-    a row of dw: one load and store of it per four FMAs.
+    a: (N, I); dout: (N, O); dw: (O, I); db: (O,).
     """
-    N, I = a.shape
-    O = dw.shape[0]
-    zero = dw.dtype.type(0)
-    wide = I >= BLAS_MIN_INPUTS and N >= BLAS_MIN_WIDE_ROWS
-    if (N >= BLAS_MIN_ROWS or wide) and O >= BLAS_MIN_OUTPUTS:
+    N = a.shape[0]
+    if N >= BLAS_MIN_ROWS:
         np.dot(dout.T, a, dw)
-        for o in range(O):
-            s = zero
-            for n in range(N):
-                s += dout[n, o]
-            db[o] = s
-        return
-    for o in range(O):
-        row = dw[o]
-        row[:] = 0
-        s = zero
+    else:
+        _weight_gradient(a, dout, dw)
+    for o in range(db.size):
+        s = db.dtype.type(0)
         for n in range(N):
             s += dout[n, o]
         db[o] = s
-        n = 0
-        while n + 4 <= N:
-            g0, g1, g2, g3 = dout[n, o], dout[n + 1, o], dout[n + 2, o], dout[n + 3, o]
-            a0, a1, a2, a3 = a[n], a[n + 1], a[n + 2], a[n + 3]
-            for i in range(I):
-                row[i] += g0 * a0[i] + g1 * a1[i] + g2 * a2[i] + g3 * a3[i]
-            n += 4
-        while n < N:
-            g = dout[n, o]
-            an = a[n]
-            for i in range(I):
-                row[i] += g * an[i]
-            n += 1
+
+
+@jit_inline
+def _weight_gradient(a, dout, dw):
+    """dw[o] = sum over n of dout[n, o] * a[n] (overwritten), in passes of
+    eight samples and two rows of dw.
+
+    The first pass stores its sums (no zeroing, no load of dw), later passes
+    add theirs. A short last group reads row N-1 in place of the rows past
+    it and weighs them 0; an odd last row of dw is paired with itself, its
+    partner's coefficients 0, and the partner is stored first so the real
+    sums land last. The weights are factors, not branches (nor a helper like
+    the forward's _eight_rows): numba's inlining pass took 0.6-1.0 s over
+    those, 0.3 s now. mlp's first layer at b = 8, alone: 110-126 us with four
+    samples and one row of dw a pass, 42-57 us now.
+    """
+    N, I = a.shape
+    O = dw.shape[0]
+    last = N - 1
+    for n in range(0, N, 8):
+        first = n == 0
+        n1, n2, n3, n4 = min(n + 1, last), min(n + 2, last), min(n + 3, last), min(n + 4, last)
+        n5, n6, n7 = min(n + 5, last), min(n + 6, last), min(n + 7, last)
+        f1, f2, f3, f4 = (dw.dtype.type(n + 1 <= last), dw.dtype.type(n + 2 <= last),
+                          dw.dtype.type(n + 3 <= last), dw.dtype.type(n + 4 <= last))
+        f5, f6, f7 = (dw.dtype.type(n + 5 <= last), dw.dtype.type(n + 6 <= last),
+                      dw.dtype.type(n + 7 <= last))
+        for i0 in range(0, I, DENSE_BLOCK):
+            i1 = min(i0 + DENSE_BLOCK, I)
+            a0, a1, a2, a3 = a[n][i0:i1], a[n1][i0:i1], a[n2][i0:i1], a[n3][i0:i1]
+            a4, a5, a6, a7 = a[n4][i0:i1], a[n5][i0:i1], a[n6][i0:i1], a[n7][i0:i1]
+            for o in range(0, O, 2):
+                p = min(o + 1, O - 1)
+                g0, g1, g2, g3 = (dout[n, o], dout[n1, o] * f1, dout[n2, o] * f2,
+                                  dout[n3, o] * f3)
+                g4, g5, g6, g7 = (dout[n4, o] * f4, dout[n5, o] * f5, dout[n6, o] * f6,
+                                  dout[n7, o] * f7)
+                fp = dw.dtype.type(p != o)  # an odd last row, paired with itself
+                h0, h1, h2, h3 = (dout[n, p] * fp, dout[n1, p] * f1 * fp, dout[n2, p] * f2 * fp,
+                                  dout[n3, p] * f3 * fp)
+                h4, h5, h6, h7 = (dout[n4, p] * f4 * fp, dout[n5, p] * f5 * fp,
+                                  dout[n6, p] * f6 * fp, dout[n7, p] * f7 * fp)
+                do, dp = dw[o][i0:i1], dw[p][i0:i1]
+                for i in range(i1 - i0):
+                    x0, x1, x2, x3 = a0[i], a1[i], a2[i], a3[i]
+                    x4, x5, x6, x7 = a4[i], a5[i], a6[i], a7[i]
+                    u = (g0 * x0 + g1 * x1 + g2 * x2 + g3 * x3
+                         + g4 * x4 + g5 * x5 + g6 * x6 + g7 * x7)
+                    v = (h0 * x0 + h1 * x1 + h2 * x2 + h3 * x3
+                         + h4 * x4 + h5 * x5 + h6 * x6 + h7 * x7)
+                    if first:
+                        dp[i] = v
+                        do[i] = u
+                    else:
+                        dp[i] += v
+                        do[i] += u
 
 
 @jit_inline

@@ -167,15 +167,16 @@ def test_dense_forward_and_backward(shape):
             assert abs(fd - grad.flat[i]) <= FD_RTOL * max(1.0, abs(fd))
 
 
-# One shape per code path of the dense kernels: loops (one group of 8 rows,
-# a short last group; inputs in several blocks of K.DENSE_BLOCK columns, the
-# last one short; a wide input below K.BLAS_MIN_WIDE_ROWS rows too); BLAS for
-# many rows; BLAS for the weight gradient of a wide input (K.BLAS_MIN_INPUTS)
-# from K.BLAS_MIN_WIDE_ROWS rows.
-DENSE_PATHS = [(4, 20, 8), (8, 20, 8), (17, 20, 8), (11, 2 * K.DENSE_BLOCK + 5, 6),
-               (K.BLAS_MIN_ROWS + 3, 20, K.BLAS_MIN_OUTPUTS + 2),
-               (K.BLAS_MIN_WIDE_ROWS - 1, K.BLAS_MIN_INPUTS + 7, K.BLAS_MIN_OUTPUTS + 2),
-               (K.BLAS_MIN_WIDE_ROWS, K.BLAS_MIN_INPUTS + 7, K.BLAS_MIN_OUTPUTS + 2)]
+# One shape per code path of the dense kernels (N rows, I inputs, O outputs;
+# the input gradient's loops run over O rows of weights for N rows of output):
+# a short group of rows and an even O; one full group of 8 and an odd O
+# (the last output paired with itself); three groups (two passes that add to
+# the first) with odd O and odd N; inputs in several blocks of
+# K.DENSE_BLOCK columns, the last one short; a last group of 7 rows (its
+# eighth would be the row past the end); BLAS for the gradients from
+# K.BLAS_MIN_ROWS rows (the forward's loops still); a single entry.
+DENSE_PATHS = [(4, 20, 8), (8, 20, 7), (17, 20, 19), (11, 2 * K.DENSE_BLOCK + 5, 6),
+               (15, 20, 9), (K.BLAS_MIN_ROWS + 3, 20, 18), (1, 1, 1)]
 
 
 @pytest.mark.parametrize("N,I,O", DENSE_PATHS)
@@ -183,9 +184,13 @@ def test_dense_paths_match_numpy(N, I, O):
     """Every path of the float32 dense kernels against float64 numpy, within
     float32 rounding (1e-5 of the result's largest entry)."""
     rng = np.random.default_rng(N * I * O)
-    a, w, dout = (rng.standard_normal(s).astype(np.float32) for s in ((N, I), (O, I), (N, O)))
+    # each input is the first rows of a larger array whose other rows are NaN:
+    # a kernel that reads a row past the end spoils its result
+    a, w, dout = (np.vstack([rng.standard_normal(s), np.full((8, s[1]), np.nan)])
+                  .astype(np.float32)[:s[0]] for s in ((N, I), (O, I), (N, O)))
     b = rng.standard_normal(O).astype(np.float32)
-    out, dw, db, da = (np.zeros(s, np.float32) for s in ((N, O), (O, I), (O,), (N, I)))
+    # outputs start as NaN: every entry must be written, none added to
+    out, dw, db, da = (np.full(s, np.nan, np.float32) for s in ((N, O), (O, I), (O,), (N, I)))
     with single_threaded_blas():
         K.dense_forward(a, w, b, out)
         K.dense_backward_weights(a, dout, dw, db)
