@@ -55,9 +55,10 @@ from iasgd.protocol import workers
 # an op, the steps or a worker loop inlined: sequential steps 1.5-2.0, the
 # interval/Hogwild!/async worker loop 5.0, sync's 3.5; evaluation 0.6-1.0;
 # the direct conv ops 1.2-1.5 since their (channel, kernel row) loops are
-# one loop each, the vector conv passes 1.9-2.0, dense 0.6-1.5, pool
-# 0.5-0.9). The steps job covers the network's passes; a worker loop adds the
-# loop. Loading what the children cached takes about LOAD_S (0.4-0.5 s).
+# one loop each, the 5x5 vector conv passes 1.9-2.0, the 3x3 vector forward
+# 1.5, dense 0.7-1.6, pool 0.5-0.9). The steps job covers the network's
+# passes; a worker loop adds the loop. Loading what the children cached
+# takes about LOAD_S (0.4-0.5 s).
 # The VM's speed drifts by up to 30 % between hours.
 STEPS_COMPILE_S = 1.8
 EVALUATION_COMPILE_S = 0.9

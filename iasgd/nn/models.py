@@ -276,15 +276,16 @@ class Plan:
 # 46 and 38 vs 17; the convs from 3 channels (3 -> 6 5x5, 3 -> 32 3x3) are
 # direct in every pass by a factor of 1.2-7.
 GEMM_INPUT_MIN_CHANNELS = 32
-# The explicit-vector forward where the machine has the registers it is
-# written for (IASGD_SIMD=0 turns it off, e.g. to compare), from 64 taps per
-# output, and where a sample's input and a group of 16 channels' weights fit
-# in 32 KB (L1 is 48 KB here). Measured alone, b = 16, GFLOP/s direct vs
-# vectors: LeNet-5's 6 -> 16 5x5 (150 taps, 14 KB) 62 vs 171; vgg-small's
-# 3 -> 32 3x3 (27 taps: storing the blocks dominates) 88 vs 71; its 32 -> 64
-# 3x3 (288 taps, 60 KB) 87 vs 143 alone, but in place 89 vs 116 at b = 16
-# and 89 vs 75 at b = 64 (its input comes from L3, 96 rows at a time), and
-# whole steps 0.93-1.02x.
+# The explicit-vector forwards where the machine has the registers they are
+# written for (IASGD_SIMD=0 turns them off, e.g. to compare).
+# - 5x5 (16 output channels in the lanes): from 64 taps per output, and where
+#   a sample's input and a group of 16 channels' weights fit in 32 KB (L1 is
+#   48 KB here). Measured alone, b = 16, GFLOP/s direct vs vectors: LeNet-5's
+#   6 -> 16 (150 taps, 14 KB) 62 vs 171. The same scheme on vgg-small's 3x3
+#   convs was slower in place (3 -> 32: 88 vs 71; 32 -> 64: 89 vs 75 at b = 64).
+# - 3x3 (16 output pixels of a row in the lanes, conv3_forward_simd): every
+#   conv with output channels in whole blocks of K.SIMD3_CHANNELS, 16 columns
+#   and 2 rows. Alone, b = 8: vgg-small's 32 -> 64 98 vs 228, 3 -> 32 91 vs 171.
 SIMD = simd.available() and os.environ.get("IASGD_SIMD", "1") != "0"
 SIMD_MIN_TAPS = 64
 SIMD_MAX_FLOATS = 8192
@@ -298,16 +299,18 @@ SIMD_WEIGHTS_MIN_TAPS = 100
 
 
 def conv_paths(k: int, out: int, needs_input_grad: bool, out_width: int = 0,
-               channels: int = 0, in_floats: int = 0) -> int:
+               channels: int = 0, in_floats: int = 0, out_height: int = 0) -> int:
     """The GEMM and SIMD bits (kernels.GEMM_*, SIMD_*) of a k x k conv
     from `channels` to `out` channels with `out_width` output columns and
-    `in_floats` floats of input per sample (C*H*S): other sizes than 3x3
-    and 5x5 run every pass as GEMMs. A 5x5 conv with whole vectors of output
-    channels on a machine with AVX-512 runs passes as explicit vectors
-    (iasgd.nn.simd): its forward with a block's width of columns,
-    SIMD_MIN_TAPS taps (channels * k * k) or more, and an input that fits in
-    L1 beside a group of weights (SIMD_MAX_FLOATS); its weight gradient from
-    SIMD_WEIGHTS_MIN_TAPS taps."""
+    `in_floats` floats of input per sample (C*H*S), and `out_height` output
+    rows: other sizes than 3x3 and 5x5 run every pass as GEMMs. On a machine
+    with AVX-512 some passes run as explicit vectors (iasgd.nn.simd): a 5x5
+    conv with whole vectors of output channels, its forward with a block's
+    width of columns, SIMD_MIN_TAPS taps (channels * k * k) or more, and an
+    input that fits in L1 beside a group of weights (SIMD_MAX_FLOATS), its
+    weight gradient from SIMD_WEIGHTS_MIN_TAPS taps; a 3x3 conv's forward
+    with whole blocks of K.SIMD3_CHANNELS output channels, a vector's width
+    of columns and two rows."""
     if k not in (3, 5):
         return K.GEMM_ALL
     bits = 0
@@ -318,6 +321,9 @@ def conv_paths(k: int, out: int, needs_input_grad: bool, out_width: int = 0,
         bits |= K.SIMD_FORWARD
     if vectors and taps >= SIMD_WEIGHTS_MIN_TAPS:
         bits |= K.SIMD_WEIGHTS
+    if (SIMD and k == 3 and out % K.SIMD3_CHANNELS == 0 and out_width >= simd.LANES
+            and out_height >= 2):
+        bits |= K.SIMD_FORWARD
     if needs_input_grad and out >= GEMM_INPUT_MIN_CHANNELS:
         bits |= K.GEMM_INPUT
     return bits
@@ -326,9 +332,11 @@ def conv_paths(k: int, out: int, needs_input_grad: bool, out_width: int = 0,
 def simd_scratch(c: int, k: int, out: int, out_pixels: int, bits: int) -> int:
     """Floats of scratch the explicit-vector passes of a conv need (`bits`:
     its SIMD_* bits): conv5_forward_lanes the reordered weights and one
-    block of accumulators, conv5_weights_lanes a sample's output gradient
+    block of accumulators, conv3_forward_lanes the reordered weights,
+    conv5_weights_lanes a sample's output gradient
     of 16 channels and their weight gradient."""
-    forward = c * k * k * out + K.SIMD_BLOCK * simd.LANES if bits & K.SIMD_FORWARD else 0
+    block = K.SIMD_BLOCK * simd.LANES if k == 5 else 0
+    forward = c * k * k * out + block if bits & K.SIMD_FORWARD else 0
     weights = (out_pixels + c * k * k) * simd.LANES if bits & K.SIMD_WEIGHTS else 0
     return max(forward, weights)
 
@@ -386,7 +394,7 @@ def activation_plan(arch: Architecture, layout: list, capacity: int) -> Plan:
                 x_off, h, w, s = z, ph, pw, pw
             oh, ow = h - layer.k + 1, w - layer.k + 1
             z = alloc(layer.out * oh * s)  # wide rows: the input's stride
-            gemm = conv_paths(layer.k, layer.out, has_params, ow, c, c * h * s)
+            gemm = conv_paths(layer.k, layer.out, has_params, ow, c, c * h * s, oh)
             ckk = c * layer.k * layer.k
             if gemm & K.GEMM_ALL:  # the column matrix, and two (C*k*k, out) weight gradients
                 scratch = max(scratch, ckk * oh * s + 2 * ckk * layer.out)

@@ -33,6 +33,7 @@ from iasgd.nn import kernels as K
 
 OPS = (K.nothing,
        K.conv5_forward_op, K.conv3_forward_op, K.conv_gemm_forward_op, K.conv5_simd_forward_op,
+       K.conv3_simd_forward_op,
        K.pad_forward_op,
        K.relu_forward_op, K.pool_forward_op, K.flatten_forward_op, K.dense_forward_op,
        K.conv5_weights_op, K.conv3_weights_op, K.conv_gemm_weights_op,
@@ -54,7 +55,7 @@ def row_ops(row: np.ndarray) -> tuple[str, str, str]:
 
         def conv(bit: int) -> str:
             return "conv_gemm" if gemm & bit else f"conv{k}"
-        forward = "conv5_simd" if gemm & K.SIMD_FORWARD else conv(K.GEMM_FORWARD)
+        forward = f"conv{k}_simd" if gemm & K.SIMD_FORWARD else conv(K.GEMM_FORWARD)
         weights = "conv5_simd" if gemm & K.SIMD_WEIGHTS else conv(K.GEMM_WEIGHTS)
         return (f"{forward}_forward_op", f"{weights}_weights_op",
                 f"{conv(K.GEMM_INPUT)}_input_op" if needs_input_grad else "nothing")

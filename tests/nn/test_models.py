@@ -229,8 +229,9 @@ def test_plan_fuses_relus_and_skips_free_flattens():
     # nothing before the first conv needs a gradient
     assert plan[:, K.P_GRAD].tolist() == [0, 0, 1, 1, 1, 1, 1]
     # the 64-channel conv's input gradient is a GEMM, with its scratch last;
-    # neither forward runs as vectors (27 taps; an input of 41 KB)
-    assert plan[:, K.P_GEMM].tolist() == [0, 0, 0, K.GEMM_INPUT, 0, 0, 0]
+    # both forwards run as vectors where the machine has AVX-512
+    vectors = K.SIMD_FORWARD if models.SIMD else 0
+    assert plan[:, K.P_GEMM].tolist() == [0, vectors, 0, K.GEMM_INPUT | vectors, 0, 0, 0]
     assert plan[3, K.P_COFF] == models.build("vgg-small", "cifar10").workspace(2).acts_size \
         - (32 * 9 * 16 * 18 + 2 * 32 * 9 * 64)
     # a kernel size without direct kernels runs every pass as GEMMs
@@ -242,6 +243,13 @@ def test_plan_fuses_relus_and_skips_free_flattens():
     simd = K.SIMD_FORWARD | K.SIMD_WEIGHTS if models.SIMD else 0
     plan = models.build("lenet", "cifar10").workspace(2).plan
     assert plan[plan[:, K.P_OP] == K.OP_CONV, K.P_GEMM].tolist() == [0, simd]
+    # a 3x3 conv's forward runs as vectors with whole blocks of
+    # K.SIMD3_CHANNELS output channels and a vector's width of columns
+    for spec, vectors in (("conv8k3,relu,dense", True), ("conv12k3,relu,dense", False),
+                          ("pool,pool,conv8k3,relu,dense", False)):
+        plan = models.build(spec, "cifar10").workspace(2).plan
+        want = K.SIMD_FORWARD if vectors and models.SIMD else 0
+        assert plan[plan[:, K.P_OP] == K.OP_CONV, K.P_GEMM].tolist() == [want], spec
     plan = models.build("conv3k3s,relu,dense", "cifar10").workspace(2).plan
     assert [K.OP_NAMES[op] for op in plan[:, K.P_OP]] == [
         "pad", "conv", "relu", "flatten", "dense"]

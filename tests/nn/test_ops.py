@@ -52,6 +52,9 @@ def test_the_gemm_bits_pick_the_gemm_op_of_each_pass():
     assert ops.row_ops(conv) == ("conv5_simd_forward_op", "conv5_weights_op", "nothing")
     conv[K.P_GEMM] = K.SIMD_WEIGHTS
     assert ops.row_ops(conv) == ("conv5_forward_op", "conv5_simd_weights_op", "nothing")
+    conv = next(row for row in plan_of("conv16k3,relu,dense") if row[K.P_OP] == K.OP_CONV)
+    conv[K.P_GEMM] = K.SIMD_FORWARD
+    assert ops.row_ops(conv) == ("conv3_simd_forward_op", "conv3_weights_op", "nothing")
 
 
 def test_assign_writes_the_positions_the_table_holds_them_at():

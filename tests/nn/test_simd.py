@@ -70,6 +70,35 @@ def test_conv5_forward_simd_matches_scipy(shape):
 
 @settings(max_examples=20, deadline=None)
 @given(st.tuples(
+    st.integers(1, 2),  # N
+    st.integers(1, 5),  # C
+    st.sampled_from([8, 16, 24]),  # O: whole blocks of K.SIMD3_CHANNELS
+    st.integers(2, 5),  # OH: a pair of rows, several, an odd last one
+    st.integers(simd.LANES, simd.LANES + 20),  # OW: one vector, several, a moved-back last one
+    st.integers(0, 3),  # junk columns
+    st.integers(0, 2**31 - 1),
+))
+def test_conv3_forward_simd_matches_scipy(shape):
+    N, C, O, OH, OW, junk, seed = shape
+    k = 3
+    H, W = OH + k - 1, OW + k - 1
+    S = W + junk
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((N, C, H, S)).astype(np.float32)  # junk columns hold garbage
+    w = rng.standard_normal((O, C, k, k)).astype(np.float32)
+    b = rng.standard_normal(O).astype(np.float32)
+    G = K.SIMD3_CHANNELS
+    wt = np.ascontiguousarray(w.reshape(O // G, G, C, k, k).transpose(0, 2, 3, 4, 1)).ravel()
+    out = np.full((N, O, OH * S), np.nan, np.float32)
+    K.conv3_forward_simd(x, wt, b, out, W)
+    got = out.reshape(N, O, OH, S)
+    want = conv2d_valid(x[..., :W].astype(np.float64), w.astype(np.float64), b)
+    assert np.abs(got[..., :OW] - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
+    assert np.isnan(got[..., OW:]).all()  # junk columns: not written
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.tuples(
     st.integers(1, 3),  # N
     st.integers(1, 8),  # C
     st.sampled_from([16, 32]),  # O: whole vectors of output channels
