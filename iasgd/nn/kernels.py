@@ -631,7 +631,7 @@ def conv5_forward_simd(x, wt, b, out, width, block):
     block: (SIMD_BLOCK*16,) scratch. Needs OW = width-4 >= SIMD_BLOCK: a
     row's last block is moved back to end at OW (its first pixels are
     computed twice, alike). k is a constant: LLVM unrolls the taps (1.9x
-    faster than a loop over a k it does not know; 3x3 has no vector kernel).
+    faster than a loop over a k it does not know; 3x3: conv3_forward_simd).
     """
     N, C, H, S = x.shape
     O = b.size
