@@ -333,8 +333,8 @@ def simd_scratch(c: int, k: int, out: int, out_pixels: int, bits: int) -> int:
     """Floats of scratch the explicit-vector passes of a conv need (`bits`:
     its SIMD_* bits): conv5_forward_lanes the reordered weights and one
     block of accumulators, conv3_forward_lanes the reordered weights,
-    conv5_weights_lanes a sample's output gradient
-    of 16 channels and their weight gradient."""
+    conv5_weights_lanes a sample's output gradient of 16 channels and their
+    weight gradient."""
     block = K.SIMD_BLOCK * simd.LANES if k == 5 else 0
     forward = c * k * k * out + block if bits & K.SIMD_FORWARD else 0
     weights = (out_pixels + c * k * k) * simd.LANES if bits & K.SIMD_WEIGHTS else 0
