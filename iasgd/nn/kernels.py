@@ -1109,8 +1109,9 @@ def _maxpool2_backward(dout, out, argmax, dz, relu):
 # inputs in blocks of DENSE_BLOCK columns (8 rows: 16 KB) that stay in L1
 # while every output row's block passes by. The input gradient keeps simpler
 # loops (four weight rows a pass): the same scheme ran it 1.0-1.7x faster
-# alone, but its op compiled in 1.7-1.9 s instead of 0.6-0.8 s, and it is a
-# small part of every preset's step (mlp's first layer has none).
+# alone (0.7x with 10 outputs), but its op compiled in 1.7-1.9 s instead of
+# 0.6-0.8 s, and it is a small part of every preset's step (mlp's first
+# layer has none).
 #
 # BLAS (np.dot) only for the gradients from BLAS_MIN_ROWS rows. Single
 # threaded, alone, loops vs BLAS in microseconds (one run on an AVX-512 core
