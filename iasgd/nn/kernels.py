@@ -694,19 +694,27 @@ def _conv5_forward_lanes(x, w, b, out, width, scratch):
         return lambda x, w, b, out, width, scratch: _conv5_forward(x, w, b, out, width)
 
     def lanes(x, w, b, out, width, scratch):
-        O, C, k, _ = w.shape
-        L = simd.LANES
-        wt = scratch[:C * k * k * O]
-        for o in range(O):
-            r = (o - o % L) * C * k * k + o % L  # (O/16, C, k, k, 16)
-            for c in range(C):
-                for kh in range(k):
-                    for kw in range(k):
-                        wt[r] = w[o, c, kh, kw]
-                        r += L
+        wt = _grouped_taps(w, simd.LANES, scratch)
         conv5_forward_simd(x, wt, b, out, width,
                            scratch[wt.size:wt.size + SIMD_BLOCK * simd.LANES])
     return lanes
+
+
+@jit_inline
+def _grouped_taps(w, G, scratch):
+    """The weights w (O, C, k, k) reordered (O/G, C, k, k, G) into the start
+    of scratch, and that view: each group of G output channels' taps
+    together, a tap's G channels side by side (the vector forwards' order)."""
+    O, C, k, _ = w.shape
+    wt = scratch[:C * k * k * O]
+    for o in range(O):
+        r = (o - o % G) * C * k * k + o % G
+        for c in range(C):
+            for kh in range(k):
+                for kw in range(k):
+                    wt[r] = w[o, c, kh, kw]
+                    r += G
+    return wt
 
 
 # ------------------------------------------------- explicit-vector 3x3 forward
@@ -810,17 +818,7 @@ def _conv3_forward_lanes(x, w, b, out, width, scratch):
         return lambda x, w, b, out, width, scratch: _conv3_forward(x, w, b, out, width)
 
     def lanes(x, w, b, out, width, scratch):
-        O, C, k, _ = w.shape
-        G = SIMD3_CHANNELS
-        wt = scratch[:C * k * k * O]
-        for o in range(O):
-            r = (o - o % G) * C * k * k + o % G  # (O/8, C, k, k, 8)
-            for c in range(C):
-                for kh in range(k):
-                    for kw in range(k):
-                        wt[r] = w[o, c, kh, kw]
-                        r += G
-        conv3_forward_simd(x, wt, b, out, width)
+        conv3_forward_simd(x, _grouped_taps(w, SIMD3_CHANNELS, scratch), b, out, width)
     return lanes
 
 
@@ -1120,8 +1118,8 @@ def _maxpool2_backward(dout, out, argmax, dz, relu):
 #   45 vs 188; at 64: 292 vs 561; at 256: 1,861 vs 1,998), so never BLAS;
 # - weight gradient: 42 vs 90 (3072 -> 128, 8 rows), 113 vs 148 (16 rows),
 #   but 302 vs 269 at 32 rows and 3,160 vs 2,189 at 256;
-# - input gradient (four-row loops then): 128 vs 251 (128 -> 4096, 8 rows),
-#   but 12 vs 10 (128 -> 128, 16 rows) and 364 vs 339 (128 -> 3072, 32 rows).
+# - input gradient (its four-row loops): 125 vs 240 (128 -> 4096, 8 rows),
+#   247 vs 309 (16 rows), but 587 vs 471 at 32 rows (128 -> 128: 16 vs 15).
 BLAS_MIN_ROWS = 32
 DENSE_BLOCK = 512  # input columns per block of the dense loops
 
@@ -1220,10 +1218,12 @@ def _weight_gradient(a, dout, dw):
     add theirs. A short last group reads row N-1 in place of the rows past
     it and weighs them 0; an odd last row of dw is paired with itself, its
     partner's coefficients 0, and the partner is stored first so the real
-    sums land last. The weights are factors, not branches (nor a helper like
-    the forward's _eight_rows): numba's inlining pass took 0.6-1.0 s over
-    those, 0.3 s now. mlp's first layer at b = 8, alone: 110-126 us with four
-    samples and one row of dw a pass, 42-57 us now.
+    sums land last. The weights are factors, not branches: numba's inlining
+    pass took 0.6-1.0 s over the branches, 0.3 s now. The rows are written
+    out rather than taken from the forward's _eight_rows, whose indices the
+    coefficients need too: calling it compiled in 1.15-1.36 s against
+    0.97-1.03 (this kernel alone). mlp's first layer at b = 8, alone:
+    101-126 us with four samples and one row of dw a pass, 42-57 us now.
     """
     N, I = a.shape
     O = dw.shape[0]
