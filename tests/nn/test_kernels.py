@@ -172,10 +172,12 @@ def test_dense_forward_and_backward(shape):
 # a short group of rows and an even O; one full group of 8 and an odd O
 # (the last output paired with itself); three groups (two passes that add to
 # the first) with odd O and odd N; inputs in several blocks of
-# K.DENSE_BLOCK columns, the last one short; a last group of 7 rows (its
-# eighth would be the row past the end); BLAS for the gradients from
+# K.DENSE_BLOCK columns, the last one short, with an even and an odd O (the
+# later blocks add to the first's sums); a last group of 7 rows (its eighth
+# would be the row past the end); BLAS for the gradients from
 # K.BLAS_MIN_ROWS rows (the forward's loops still); a single entry.
 DENSE_PATHS = [(4, 20, 8), (8, 20, 7), (17, 20, 19), (11, 2 * K.DENSE_BLOCK + 5, 6),
+               (3, K.DENSE_BLOCK + 8, 1), (9, 2 * K.DENSE_BLOCK + 5, 5),
                (15, 20, 9), (K.BLAS_MIN_ROWS + 3, 20, 18), (1, 1, 1)]
 
 
