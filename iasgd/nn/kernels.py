@@ -52,9 +52,11 @@ Weights = namedtuple("Weights", ["params", "velocity"])
 Buffers = namedtuple("Buffers", ["grad", "net", "acts", "dacts", "argmax", "batch_labels"])
 Images = namedtuple("Images", ["images", "labels", "scale", "shift"])
 Steps = namedtuple("Steps", ["order", "first", "count", "batch_size", "lr", "momentum"])
-# A network as the compiled code runs it: the int64 plan table and the table
-# of compiled ops its rows' P_FWD, P_DW and P_DX columns index (iasgd.nn.ops).
-Net = namedtuple("Net", ["plan", "ops"])
+# A network as the compiled code runs it: the int64 plan table, the table of
+# compiled ops its rows' P_FWD, P_DW and P_DX columns index (iasgd.nn.ops),
+# and `slice_size`: how many samples a pass runs on at most (the capacity of the
+# plan's activations; network_loss_and_grad runs a larger batch in slices).
+Net = namedtuple("Net", ["plan", "ops", "slice_size"])
 
 # Op codes of a plan row.
 OP_CONV = 0     # valid k x k conv: (C, H, W; S) -> (CO, OH, OW; S), weights at WOFF/BOFF
@@ -1323,15 +1325,16 @@ def relu_backward_inplace(dz, z):
 
 
 @jit_inline
-def softmax_cross_entropy(logits, labels, dlogits):
-    """Batch-mean softmax cross-entropy and its gradient.
+def softmax_cross_entropy(logits, labels, dlogits, batch):
+    """Softmax cross-entropy of N samples of a batch of `batch`, and its gradient.
 
     logits: (N, K); labels: (N,) ints in [0, K); dlogits: (N, K) overwritten
-    with d(mean loss)/d(logits). Returns the mean loss (float64).
+    with d(batch-mean loss)/d(logits). Returns these samples' share of the
+    batch-mean loss (float64): their mean when N == batch.
     """
     N, K = logits.shape
     total = 0.0
-    inv_n = logits.dtype.type(1.0 / N)
+    inv_n = logits.dtype.type(1.0 / batch)
     for n in range(N):
         z = logits[n]
         m = z[0]
@@ -1347,7 +1350,7 @@ def softmax_cross_entropy(logits, labels, dlogits):
         for k in range(K):
             dlogits[n, k] *= inv_s * inv_n
         dlogits[n, labels[n]] -= inv_n
-    return total / N
+    return total / batch
 
 
 @jit_inline
@@ -1453,6 +1456,13 @@ def copy_values(src, dst):
     assignment (string formatting, ~2 s of compile time per caller's flags)."""
     for i in range(src.size):
         dst[i] = src[i]
+
+
+@jit_inline
+def add_values(src, dst):
+    """dst[i] += src[i] for the 1-D arrays' src.size elements."""
+    for i in range(src.size):
+        dst[i] += src[i]
 
 
 @jit_inline
@@ -1685,7 +1695,8 @@ def _argmax4(argmax, row, n):
 
 @jit_inline
 def network_forward(params, net, acts, argmax, n):
-    """Forward pass of n samples whose input already sits in acts[: n * D].
+    """Forward pass of n <= net.slice_size samples whose input already sits in
+    acts[: n * D].
 
     net: a Net (the plan table and its ops). Runs the plan's rows in order,
     writing every activation into `acts` (and pooling indices into `argmax`)
@@ -1702,14 +1713,41 @@ def network_loss_and_grad(params, grad, net, acts, dacts, argmax, labels):
 
     Every entry of `grad` (same layout as params) is overwritten; `dacts`
     mirrors the layout of `acts` and receives the activation gradients.
+    A batch larger than net.slice_size runs through the network in slices of
+    net.slice_size samples, each moved to the front of the input first: the
+    first slice's gradient goes into grad, every later one's into the
+    partial gradient that follows the activation gradients in dacts
+    (dacts[acts.size:], P floats) and is added to grad.
     """
+    n = labels.size
+    first = net.plan[0]
+    D = first[P_C] * first[P_H] * first[P_S]  # floats of one sample's input
+    part = dacts[acts.size:acts.size + grad.size]
+    loss = 0.0
+    for start in range(0, n, net.slice_size):
+        m = min(net.slice_size, n - start)
+        if start > 0:
+            copy_values(acts[start * D:(start + m) * D], acts[:m * D])
+        # one call site: numba inlines it, and a second would compile it twice
+        loss += _slice_loss_and_grad(params, grad if start == 0 else part, net, acts, dacts,
+                                     argmax, labels[start:start + m], n)
+        if start > 0:
+            add_values(part, grad)
+    return loss
+
+
+@jit_inline
+def _slice_loss_and_grad(params, grad, net, acts, dacts, argmax, labels, batch):
+    """One slice of a batch of `batch` samples, whose input sits at the front
+    of acts: its share of the batch's mean loss, and of its gradient into
+    grad (overwritten)."""
     plan = net.plan
     n = labels.size
     last = plan[-1]
     network_forward(params, net, acts, argmax, n)
     logits = _view2(acts, last[P_ZOFF], n, last[P_CO])
     dlogits = _view2(dacts, last[P_ZOFF], n, last[P_CO])
-    loss = softmax_cross_entropy(logits, labels, dlogits)
+    loss = softmax_cross_entropy(logits, labels, dlogits, batch)
     for i in range(plan.shape[0] - 1, -1, -1):
         net.ops[plan[i, P_DW]](params, grad, plan, i, acts, dacts, argmax, n)
         net.ops[plan[i, P_DX]](params, grad, plan, i, acts, dacts, argmax, n)
@@ -1748,14 +1786,13 @@ def train_steps(weights, buffers, data, steps, losses):
 
 
 @jit
-def predict_images(params, net, acts, argmax, capacity, images, scale, shift, out):
+def predict_images(params, net, acts, argmax, images, scale, shift, out):
     """Predicted labels of all rows of images ((M, D) uint8, transformed to
-    images * scale + shift) into out ((M,) int64), in batches of at most
-    `capacity` (the workspace's batch size)."""
+    images * scale + shift) into out ((M,) int64), net.slice_size rows at a time."""
     M, D = images.shape
     last = net.plan[-1]
-    for start in range(0, M, capacity):
-        n = min(capacity, M - start)
+    for start in range(0, M, net.slice_size):
+        n = min(net.slice_size, M - start)
         affine_copy(images[start:start + n], scale, shift, _view2(acts, 0, n, D))
         network_forward(params, net, acts, argmax, n)
         argmax_rows(_view2(acts, last[P_ZOFF], n, last[P_CO]), out[start:start + n])

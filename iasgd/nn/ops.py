@@ -127,7 +127,7 @@ def _typeof_net(net: K.Net, c: Any) -> Any:
     key = (plan.dtype, plan.ndim, plan.flags.c_contiguous, plan.flags.writeable,
            numba.typeof(net.ops))
     if key not in _NET_TYPES:
-        _NET_TYPES[key] = types.NamedTuple([numba.typeof(plan), key[-1]], K.Net)
+        _NET_TYPES[key] = types.NamedTuple([numba.typeof(plan), key[-1], types.int64], K.Net)
     return _NET_TYPES[key]
 
 
@@ -160,6 +160,6 @@ def table(plan: np.ndarray, dtype: Any = np.float32) -> OpTable:
     return ops
 
 
-def network(plan: np.ndarray, dtype: Any = np.float32) -> K.Net:
-    """The Net (plan and op table) that the compiled network passes take."""
-    return K.Net(plan, table(plan, dtype))
+def network(plan: np.ndarray, slice_size: int, dtype: Any = np.float32) -> K.Net:
+    """The Net (plan, op table and slice) that the compiled network passes take."""
+    return K.Net(plan, table(plan, dtype), slice_size)

@@ -207,10 +207,10 @@ def test_a_child_leaves_ctrl_c_to_the_run(tmp_path):
 
 def test_stand_in_tables_have_the_real_type_and_run_nothing():
     plan = plan_of("lenet")
-    real = ops.network(plan)
+    real = ops.network(plan, 1)
     with ops.stand_ins():
-        stand_in = ops.network(plan)
-    assert ops.network(plan).ops == real.ops  # the switch is off again
+        stand_in = ops.network(plan, 1)
+    assert ops.network(plan, 1).ops == real.ops  # the switch is off again
     assert numba.typeof(stand_in) == numba.typeof(real)
     idle = ops.compiled_op(K.nothing)
     assert all(entry is idle for entry in stand_in.ops)

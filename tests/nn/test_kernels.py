@@ -221,19 +221,26 @@ def test_softmax_cross_entropy(n, k, scale, seed):
     logits = rng.standard_normal((n, k)) * scale
     labels = rng.integers(0, k, n)
     d32 = np.zeros((n, k), np.float32)
-    loss32 = K.softmax_cross_entropy(logits.astype(np.float32), labels, d32)
+    loss32 = K.softmax_cross_entropy(logits.astype(np.float32), labels, d32, n)
     assert loss32 == pytest.approx(softmax_xent(logits, labels), rel=1e-5, abs=1e-5)
     d = np.zeros((n, k))
-    K.softmax_cross_entropy(logits, labels, d)
+    loss = K.softmax_cross_entropy(logits, labels, d, n)
     for i in rng.choice(logits.size, min(logits.size, 6), replace=False):
         fd = central_difference(lambda v: softmax_xent(v, labels), logits, i)
         assert abs(fd - d.flat[i]) < 1e-6
+    # a batch in two slices: their shares add up to the whole batch's loss and gradient
+    cut = n // 2
+    parts = np.zeros((n, k))
+    share = (K.softmax_cross_entropy(logits[:cut], labels[:cut], parts[:cut], n)
+             + K.softmax_cross_entropy(logits[cut:], labels[cut:], parts[cut:], n))
+    assert share == pytest.approx(loss, rel=1e-12, abs=1e-12)
+    np.testing.assert_allclose(parts, d, rtol=1e-12, atol=1e-15)
 
 
 def test_softmax_cross_entropy_is_stable_for_huge_logits():
     logits = np.array([[1e4, 0.0, -1e4]], np.float32)
     d = np.zeros_like(logits)
-    assert K.softmax_cross_entropy(logits, np.array([1]), d) == pytest.approx(1e4)
+    assert K.softmax_cross_entropy(logits, np.array([1]), d, 1) == pytest.approx(1e4)
     assert np.all(np.isfinite(d))
 
 

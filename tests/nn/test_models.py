@@ -114,7 +114,7 @@ def test_loss_and_grad_matches_finite_differences_on_every_tensor(model):
     ws = model.workspace(3)
     acts, dacts = np.zeros(ws.acts_size), np.zeros(ws.acts_size)
     g64 = np.zeros(model.num_params)
-    net64 = ops.network(ws.plan, np.float64)
+    net64 = ops.network(ws.plan, ws.slice_size, np.float64)
 
     def loss64(p):
         acts[: x.size] = (x.ravel() - models.INPUT_MEAN) / models.INPUT_STD
@@ -135,6 +135,53 @@ def test_predict_images_matches_predict_on_float_inputs():
     images = rng.integers(0, 256, (23, 1, 28, 28), dtype=np.uint8)
     want = m.predict(params, images.astype(np.float32) / np.float32(255))
     np.testing.assert_array_equal(m.predict_images(params, images, batch=10), want)
+    assert m.workspace(23, backward=False).slice_size == 16
+    np.testing.assert_array_equal(m.predict_images(params, images, batch=23), want)  # 16 + 7
+
+
+def test_the_slice_rule_slices_large_batches_of_small_models_only():
+    lenet = models.build("lenet", "cifar10")
+    assert lenet.workspace(64).slice_size == models.SLICE_SAMPLES == 16
+    assert lenet.workspace(16).slice_size == 16
+    assert lenet.workspace(8).slice_size == 8  # one slice: no partial gradient
+    assert lenet.workspace(8).dacts.size == lenet.workspace(8).acts_size
+    for name in ("mlp", "vgg-small"):  # parameters larger than the cache
+        assert models.build(name, "cifar10").workspace(64).slice_size == 64
+    tiny = models.build("conv2k3,relu,pool,dense", input_shape=(1, 8, 8), num_classes=3)
+    assert tiny.workspace(64).slice_size == 64  # activations that fit in the cache
+
+
+def whole_batch_workspace(model, capacity):
+    """A workspace that runs every batch whole, whatever the slice rule says."""
+    plan = models.activation_plan(model.arch, model.layout, capacity)
+    return models.Workspace(plan, model.num_params, capacity)
+
+
+def test_a_batch_in_slices_has_the_whole_batch_loss_and_gradient():
+    """LeNet-5 runs 40 samples as slices of 16, 16 and 8: the same loss and
+    gradient as in one pass (float32 sums in another order: 1e-5 of the
+    largest entry of each tensor), whatever the buffers held before."""
+    m = models.build("lenet", "cifar10")
+    params = m.init(2)
+    x, y = batch(m, 40, seed=3)
+    sliced, whole = m.workspace(40), whole_batch_workspace(m, 40)
+    assert (sliced.slice_size, whole.slice_size) == (16, 40)
+    results = []
+    for ws in (sliced, whole):
+        ws.grad[:] = np.nan
+        ws.dacts[:] = np.nan
+        m._load_inputs(x.reshape(40, -1), ws)
+        loss = K.network_loss_and_grad(params, ws.grad, ws.net, ws.acts, ws.dacts,
+                                       ws.argmax, y)
+        results.append((loss, m.tensors(ws.grad.copy())))
+    (loss, grads), (want_loss, want) = results
+    assert loss == pytest.approx(want_loss, rel=1e-6)
+    for name, g in grads.items():
+        scale = float(np.abs(want[name]).max())
+        assert float(np.abs(g - want[name]).max()) <= 1e-5 * scale, name
+    ref = network_logits(m, params, x)
+    np.testing.assert_allclose(m.logits(params, x), ref, rtol=1e-4, atol=1e-5)  # in slices
+    assert loss == pytest.approx(softmax_xent(ref, y), rel=1e-5)
 
 
 def test_bad_arguments_are_clear_errors():
@@ -255,24 +302,27 @@ def test_plan_fuses_relus_and_skips_free_flattens():
         "pad", "conv", "relu", "flatten", "dense"]
 
 
-@pytest.mark.parametrize("name", [*models.MODELS, "pool,conv3k5s,relu,conv2k1,flatten,dense"])
-def test_the_training_step_allocates_nothing(name):
+@pytest.mark.parametrize(("name", "b"), [
+    *((name, 4) for name in models.MODELS), ("pool,conv3k5s,relu,conv2k1,flatten,dense", 4),
+    ("lenet", 20),  # in slices of 16 and 4
+])
+def test_the_training_step_allocates_nothing(name, b):
     """numba's runtime counts every array it allocates: a call of train_steps
     allocates only its arguments' wrappers, the same for 0 steps as for 6."""
     from numba.core.runtime import _nrt_python, rtsys
 
     m = models.build(name, "cifar10")
     params = m.init(0)
-    ws = m.workspace(4)
+    ws = m.workspace(b)
     rng = np.random.default_rng(0)
-    images = rng.integers(0, 256, (24, m.input_size), dtype=np.uint8)
-    labels = rng.integers(0, 10, 24)
+    images = rng.integers(0, 256, (6 * b, m.input_size), dtype=np.uint8)
+    labels = rng.integers(0, 10, 6 * b)
 
     def allocations(steps: int) -> int:
         before = rtsys.get_allocation_stats().alloc
         K.train_steps(K.Weights(params, np.zeros_like(params)), ws.buffers,
                       K.Images(images, labels, *m.image_transform),
-                      K.Steps(np.arange(24), 0, steps, 4, 0.001, 0.5), np.zeros(6))
+                      K.Steps(np.arange(6 * b), 0, steps, b, 0.001, 0.5), np.zeros(6))
         return rtsys.get_allocation_stats().alloc - before
 
     was_enabled = _nrt_python.memsys_stats_enabled()

@@ -67,6 +67,13 @@ def test_preset_gradients_match_autograd(preset, dataset):
     check_against_autograd(models.build(preset, dataset), n=5, seed=0)
 
 
+def test_a_batch_in_slices_matches_autograd():
+    torch.set_num_threads(1)
+    model = models.build("lenet", "cifar10")
+    assert model.workspace(21).slice_size == 16  # 16 + 5
+    check_against_autograd(model, n=21, seed=1)
+
+
 @st.composite
 def small_specs(draw) -> tuple[str, tuple[int, int, int], int]:
     """A random small spec: conv blocks (any odd kernel up to 5, either
