@@ -61,7 +61,10 @@ def train(model: Model, data: Dataset, cfg: TrainConfig, hooks: Hooks | None = N
     # an empty numba cache: compile side by side in child processes first
     precompile.compile_ahead(model, cfg.algo, lambda: runner(model, data, cfg, resume, init),
                              usable_cores())
-    return runner(model, data, cfg, resume, init).run(hooks or Hooks(), checkpoint_every)
+    try:
+        return runner(model, data, cfg, resume, init).run(hooks or Hooks(), checkpoint_every)
+    finally:  # a run stopped before it evaluated: the evaluation's child still caches it
+        precompile.finish_deferred()
 
 
 def check_init(model: Model, init: np.ndarray, resume: Snapshot | None) -> None:

@@ -8,7 +8,9 @@ processes instead, as many as the run may use cores, forked once the run has
 its model and data. Each child takes the next job (longest first) whenever
 it is done with one and compiles it into numba's on-disk cache; the run
 loads each layer op from there as soon as its job is done, and the rest
-once all are, as on any later start.
+once all are, as on any later start. All but the evaluation: it is a
+deferred job, taken last, and the run starts training once every other job
+is done; its first evaluation waits for the child (`finish_deferred`).
 
 - The functions the executor calls from Python form two jobs: the steps
   (or the worker loop) and the evaluation. Each one's child builds the
@@ -94,6 +96,10 @@ class Job:
     # the run calls `run()` itself as soon as a child reports the job done,
     # loading it while the rest compile (False: it loads it when it calls it)
     load_early: bool = False
+    # the run starts training before it is done (the evaluation, first
+    # called after some training): taken last, waited for by
+    # `finish_deferred`
+    deferred: bool = False
 
 
 def kernel_entries(algo: str, simulate: bool = False, plan: np.ndarray | None = None) -> list:
@@ -151,7 +157,8 @@ def jobs(algo: str, plan: np.ndarray, executor: Callable[[], LoadsKernels] | Non
                          lambda: _with_stand_ins(executor, lambda e: e.load_steps())))
     if executor is not None and K.predict_images in entries:
         found.append(Job("evaluation", EVALUATION_COMPILE_S,
-                         lambda: _with_stand_ins(executor, lambda e: e.load_evaluation())))
+                         lambda: _with_stand_ins(executor, lambda e: e.load_evaluation()),
+                         deferred=True))
     # `nothing` is compiled before the children start (compile_ahead)
     return found + [Job(name, op_seconds(d), _op_compiler(d), load_early=True)
                     for name, d in missing if d in ops.OPS and d is not K.nothing]
@@ -193,7 +200,9 @@ def shares(todo: list[Job], processes: int) -> list[list[Job]]:
 def compile_seconds(todo: list[Job], processes: int) -> float:
     """About how long compiling `todo` takes with `processes` children (0:
     in-process, one job after another): the longest share, and loading what
-    the children cached."""
+    the children cached; with children, the deferred jobs do not count."""
+    if processes:
+        todo = [job for job in todo if not job.deferred]
     if not todo:
         return 0.0
     longest = max(sum(j.seconds for j in share) for share in shares(todo, processes))
@@ -228,49 +237,92 @@ def run_in_children(todo: list[Job], processes: int,
                     finished: Callable[[Job], Any] = lambda job: None) -> list[int]:
     """Run `todo` in `processes` forked children and wait for them; returns
     their exit codes (0: every job it took ran). Each child takes the next
-    job, longest first, when it is done with one, so that no child idles
-    while another works through a share that took longer than estimated.
-    `finished(job)` runs here as each job is reported done (not for one that
-    raised; a job that raises leaves the rest to run)."""
-    for stream in (sys.stdout, sys.stderr):  # else each child prints what they hold again
-        stream.flush()
-    order = sorted(todo, key=lambda j: -j.seconds)
-    context = multiprocessing.get_context("fork")
-    taken = context.Value("i", 0)  # the position in `order` of the next job to take
-    pipes = [context.Pipe(duplex=False) for _ in range(max(1, min(processes, len(order))))]
-    procs = [context.Process(target=_take_jobs, args=(order, taken, send), daemon=True,
-                             name=f"iasgd-compile-{i}")
-             for i, (_, send) in enumerate(pipes)]
-    try:
-        for p in procs:
-            p.start()
+    job, longest first (deferred ones last), when it is done with one, so
+    that no child idles while another works through a share that took
+    longer than estimated. `finished(job)` runs here as each job is reported
+    done (not for one that raised; a job that raises leaves the rest to
+    run)."""
+    children = Children(todo, processes, finished)
+    children.report(until_deferred=False)
+    return children.join()
+
+
+class Children:
+    """Forked children that compile a list of jobs (run_in_children)."""
+
+    def __init__(self, todo: list[Job], processes: int, finished: Callable[[Job], Any]):
+        for stream in (sys.stdout, sys.stderr):  # else each child prints what they hold again
+            stream.flush()
+        self.order = sorted(todo, key=lambda j: (j.deferred, -j.seconds))
+        self.finished = finished
+        self.waiting = {i for i, job in enumerate(self.order) if not job.deferred}
+        context = multiprocessing.get_context("fork")
+        taken = context.Value("i", 0)  # the position in `order` of the next job to take
+        pipes = [context.Pipe(duplex=False) for _ in range(max(1, min(processes, len(todo))))]
+        self.procs = [context.Process(target=_take_jobs, args=(self.order, taken, send),
+                                      daemon=True, name=f"iasgd-compile-{i}")
+                      for i, (_, send) in enumerate(pipes)]
+        self.pipes = [receive for receive, _ in pipes]
+        try:
+            for p in self.procs:
+                p.start()
+        except BaseException:
+            self.stop()
+            raise
         for _, send in pipes:  # the children hold theirs: a pipe ends when its child does
             send.close()
-        _report_finished(order, [receive for receive, _ in pipes], finished)
-        for p in procs:
+
+    def report(self, until_deferred: bool) -> None:
+        """Call `finished` with each job that a child reports done, until
+        every child has ended (until_deferred: until only deferred jobs are
+        left). Interrupted: takes the children down."""
+        try:
+            while self.pipes and not (until_deferred and not self.waiting):
+                for pipe in multiprocessing.connection.wait(self.pipes):
+                    try:
+                        position = pipe.recv()
+                    except EOFError:
+                        self.pipes.remove(pipe)
+                        continue
+                    self.waiting.discard(position)
+                    # one that fails here, the run does again itself, and reports
+                    # what goes wrong
+                    with contextlib.suppress(Exception):
+                        self.finished(self.order[position])
+        except BaseException:
+            self.stop()
+            raise
+
+    def join(self) -> list[int]:
+        """Wait for the children to end; their exit codes."""
+        for p in self.procs:
             p.join()
-    finally:  # interrupted: take the children down too
-        for p in procs:
+        return [int(p.exitcode or 0) for p in self.procs]
+
+    def stop(self) -> None:
+        for p in self.procs:
             if p.is_alive():
                 p.terminate()
                 p.join()
-    return [int(p.exitcode or 0) for p in procs]
 
 
-def _report_finished(order: list[Job], pipes: list[Any], finished: Callable[[Job], Any]) -> None:
-    """Call `finished` with each job that a child reports done, until every
-    child has ended."""
-    open_pipes = list(pipes)
-    while open_pipes:
-        for pipe in multiprocessing.connection.wait(open_pipes):
-            try:
-                position = pipe.recv()
-            except EOFError:
-                open_pipes.remove(pipe)
-                continue
-            # one that fails here, the run does again itself, and reports what goes wrong
-            with contextlib.suppress(Exception):
-                finished(order[position])
+_DEFERRED: list[Children] = []  # children still compiling deferred jobs
+
+
+def deferred() -> bool:
+    """Whether children of `compile_ahead` may still be compiling deferred jobs."""
+    return bool(_DEFERRED)
+
+
+def finish_deferred() -> None:
+    """Wait for the deferred jobs that children of `compile_ahead` may still
+    be compiling (the evaluation), and load them; at once if there are none.
+    Called before the run first evaluates: else it would compile the same
+    functions itself, beside the child that caches them."""
+    while _DEFERRED:
+        children = _DEFERRED.pop()
+        children.report(until_deferred=False)
+        children.join()
 
 
 def _take_jobs(order: list[Job], taken: Any, done: Any) -> None:
@@ -310,5 +362,10 @@ def compile_ahead(model: models.Model, algo: str, executor: Callable[[], LoadsKe
         # the stand-ins' op, compiled here first: each child inherits numba's
         # compiler with its first-use setup done, instead of each doing it
         ops.compiled_op(K.nothing)
-        run_in_children(todo, processes, finished=_load)
+        compiling = Children(todo, processes, finished=_load)
+        compiling.report(until_deferred=True)
+        if compiling.pipes:  # the evaluation, still compiling: the run starts
+            _DEFERRED.append(compiling)
+        else:
+            compiling.join()
     return processes

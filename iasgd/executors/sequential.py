@@ -14,6 +14,7 @@ import numpy as np
 from iasgd.checkpoints import ArraySpec, check_fits
 from iasgd.config import TrainConfig, eval_points, steps_per_epoch
 from iasgd.data import Dataset
+from iasgd.executors import precompile
 from iasgd.executors.epochs import run_epochs
 from iasgd.nn import kernels as K
 from iasgd.nn.blas import single_threaded_blas
@@ -103,9 +104,11 @@ class SequentialRun:
 
     def load_kernels(self) -> None:
         """Load (or compile) what the run calls from Python, before its clock
-        starts: the steps and the evaluation."""
+        starts: the steps, and the evaluation unless a cold start's child is
+        still compiling it (the first evaluation waits for it)."""
         self.load_steps()
-        self.load_evaluation()
+        if not precompile.deferred():
+            self.load_evaluation()
 
     def load_steps(self) -> None:
         """Load (or compile) the steps: a call of zero steps."""

@@ -26,6 +26,7 @@ from iasgd.algorithms import ALGORITHMS
 from iasgd.checkpoints import check_fits
 from iasgd.config import TrainConfig, steps_per_epoch
 from iasgd.data import Dataset
+from iasgd.executors import precompile
 from iasgd.executors.arrays import WorkerArrays
 from iasgd.executors.epochs import TrainingClock, run_epochs, train_in_chunks
 from iasgd.nn import kernels as K
@@ -231,9 +232,11 @@ class ThreadedRun:
 
     def load_kernels(self) -> None:
         """Load (or compile) what the run calls from Python, before its clock
-        starts: the worker loop and the evaluation."""
+        starts: the worker loop, and the evaluation unless a cold start's child is
+        still compiling it (the first evaluation waits for it)."""
         self.load_steps()
-        self.load_evaluation()
+        if not precompile.deferred():
+            self.load_evaluation()
 
     def load_steps(self) -> None:
         """Load (or compile) the worker loop."""

@@ -185,6 +185,41 @@ def test_a_child_takes_the_next_job_when_it_is_free_not_a_share_fixed_ahead(tmp_
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="children fork on Linux only")
+def test_the_run_starts_before_a_deferred_job_is_done(tmp_path):
+    """The evaluation is compiled while the run trains: a deferred job is
+    taken last, and the run goes on once every other job is done. Here the
+    deferred job cannot end before the run has gone on (it waits for a file
+    written after that): were the run to wait for it, the job would time
+    out and fail."""
+    def deferred():
+        for _ in range(3000):  # 30 s at most
+            if (tmp_path / "started").exists():
+                (tmp_path / "evaluation").write_text("done")
+                return
+            time.sleep(0.01)
+        raise TimeoutError("the run waited for the deferred job")
+
+    reported = []
+    todo = [P.Job("evaluation", 9, deferred, deferred=True),
+            *(P.Job(n, 1, lambda: None) for n in "abc")]
+    children = P.Children(todo, 2, lambda job: reported.append(job.name))
+    assert [job.name for job in children.order] == ["a", "b", "c", "evaluation"]
+    children.report(until_deferred=True)
+    assert sorted(reported) == ["a", "b", "c"] and children.pipes
+    (tmp_path / "started").touch()
+    children.report(until_deferred=False)
+    assert children.join() == [0, 0]
+    assert reported[-1] == "evaluation" and (tmp_path / "evaluation").exists()
+
+
+def test_the_estimate_leaves_deferred_jobs_out_where_children_compile():
+    todo = [P.Job("a", 2, lambda: None), P.Job("b", 1, lambda: None),
+            P.Job("evaluation", 5, lambda: None, deferred=True)]
+    assert P.compile_seconds(todo, 2) == pytest.approx(2 + P.LOAD_S)
+    assert P.compile_seconds(todo, 0) == pytest.approx(8)  # in-process: one after another
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="children fork on Linux only")
 def test_a_child_leaves_ctrl_c_to_the_run(tmp_path):
     """Ctrl-C reaches every process of the group; iasgd.run's handler (which
     a child would inherit) only prints and asks for a stop at the next step.
@@ -293,18 +328,22 @@ from iasgd.executors import precompile
 from iasgd.executors.sequential import SequentialRun
 from iasgd.nn import kernels as K, ops
 model, data = iasgd.build("mlp", "synthetic"), iasgd.load("synthetic")
-cfg = iasgd.TrainConfig(algo="sequential", epochs=1, batch_size=64)
-children = precompile.compile_ahead(model, cfg.algo, lambda: SequentialRun(model, data, cfg), 2)
+cfg = iasgd.TrainConfig(algo="sequential", epochs=1, batch_size=8, eval_every=0)
+steps = []  # stopped at its first progress report: it never evaluates
+hooks = iasgd.Hooks(on_progress=lambda done, live: steps.append(done),
+                    should_stop=lambda: "interrupted" if steps else None)
+result = iasgd.train(model, data, cfg, hooks)
+assert steps and result.status == "interrupted" and not result.epochs, result.status
+assert not K.predict_images.stats.cache_hits and not K.predict_images.stats.cache_misses
 early = sorted(name for name, _ in ops._COMPILED if name != "nothing")  # loaded as they came
-run = SequentialRun(model, data, cfg)
-run.load_kernels()
+SequentialRun(model, data, cfg).load_kernels()  # the evaluation too: its child cached it
 compiled = [d.py_func.__name__ for d in (K.train_steps, K.predict_images)
             if d.stats.cache_misses or not d.stats.cache_hits]
 compiled += [name for (name, _), f in ops._COMPILED.items()
              if name != "nothing" and not f.cache_hits]
 plan = iasgd.nn.models.activation_plan(model.arch, model.layout, 1).table
 assert early == sorted(op.__name__ for op in ops.used(plan) if op is not K.nothing), early
-print(children, compiled)
+print(precompile.deferred(), compiled)
 """
 
 
@@ -313,9 +352,10 @@ print(children, compiled)
 def test_after_the_children_the_run_loads_everything_from_the_cache(tmp_path):
     """The contract, in a fresh process with an empty cache (an MLP: ~5-10 s):
     what the children compile is what the run then finds, so it compiles
-    nothing itself."""
+    nothing itself; the evaluation, compiled while the run trains, is in the
+    cache when the run ends, even one stopped before it evaluated."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "NUMBA_CACHE_DIR": str(tmp_path)}
     out = subprocess.run([sys.executable, "-c", CHECK_LOADED], capture_output=True, text=True,
                          env=env, timeout=600, cwd=REPO)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.split("\n")[-2] == "2 []"
+    assert out.stdout.split("\n")[-2] == "False []"
