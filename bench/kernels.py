@@ -11,8 +11,10 @@ ratio. The two take turns repetition by repetition, so that a noisy machine
 slows both alike. Each repetition runs about --seconds of steps (calibrated
 in the warm-up). iasgd's rate is also given in GFLOP/s (the convolutions'
 and dense layers' multiply-adds, forward and backward, counted as 2 FLOP)
-and as a fraction of the single-core sgemm rate, measured in the same run
-(numpy's BLAS, one thread, 512 x 512 x 512 float32). With --baseline REF
+and as a fraction of the single-core sgemm rate (numpy's BLAS, one thread,
+512 x 512 x 512 float32), which takes its turn too: each repetition's
+steps against the sgemm rate of the same turn, since the VM's speed drifts
+by 10-30 % within a run. With --baseline REF
 (a git commit of this repository), the same steps of REF's iasgd take their
 turn too, in a child process that imports that version (a before/after
 table measured in one run).
@@ -70,6 +72,21 @@ def sgemm_gflops(seconds: float = 1.0) -> float:
         np.dot(a, b, out=c)
         best = min(best, time.perf_counter() - t0)
     return 2 * SGEMM_SIZE ** 3 / best / 1e9
+
+
+def sgemm_runner() -> Callable[[int], None]:
+    """run(count): count 512^3 float32 products of numpy's BLAS (the caller
+    limits it to one thread): the sgemm rate, taking its turn beside the
+    steps."""
+    rng = np.random.default_rng(0)
+    a, b = (rng.random((SGEMM_SIZE, SGEMM_SIZE), dtype=np.float32) for _ in range(2))
+    c = np.empty_like(a)
+
+    def run(count: int) -> None:
+        for _ in range(count):
+            np.dot(a, b, out=c)
+
+    return run
 
 
 def op_flops(row: np.ndarray, n: int) -> tuple[float, float]:
@@ -339,10 +356,12 @@ def main() -> None:
     sgemm = sgemm_gflops()
     print(f"CIFAR-10 shape, SGD lr={LR} momentum={MOMENTUM}, one thread; "
           f"{os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d %H:%M')}")
-    print(f"single-core sgemm (numpy's BLAS, {SGEMM_SIZE}^3 float32): {sgemm:.1f} GFLOP/s")
+    print(f"single-core sgemm (numpy's BLAS, {SGEMM_SIZE}^3 float32): {sgemm:.1f} GFLOP/s "
+          "(best product of the first second)")
     print(f"samples/s: median (min-max) of {args.repeats} repetitions of ~{args.seconds:g} s "
-          "after warm-up, taking turns; GFLOP/s and its fraction of sgemm: iasgd's "
-          "median")
+          "after warm-up, taking turns; GFLOP/s: iasgd's median; of sgemm: the median over "
+          "the repetitions of iasgd's rate over the sgemm rate measured in the same turn "
+          "(the VM's speed drifts)")
     before = f" {args.baseline} samples/s | this / {args.baseline} |" if tree else ""
     print(f"| model | params | batch | iasgd samples/s | GFLOP/s | of sgemm "
           f"| PyTorch {torch_version or '(absent)'} samples/s | ratio |{before}")
@@ -360,7 +379,11 @@ def main() -> None:
             if torch_version:
                 runners.append(torch_runner(model, b, images, labels))
             runners += children[1:]
+            runners.append(sgemm_runner())
             rates = side_by_side(runners, b, args.seconds, args.repeats)
+            gemm = [r / b * 2 * SGEMM_SIZE ** 3 / 1e9 for r in rates.pop()]  # GFLOP/s
+            of_sgemm = statistics.median(ours * flops / 1e9 / g
+                                         for ours, g in zip(rates[0], gemm, strict=True))
             for child in children:
                 child.close()
             if torch_version:
@@ -373,7 +396,7 @@ def main() -> None:
                    f"{statistics.median(rates[0]) / statistics.median(rates[-1]):.2f}x |"
                    if tree else "")
             print(f"| {name} | {model.num_params:,} | {b} | {fmt(rates[0])} | {gflops:.1f} | "
-                  f"{gflops / sgemm:.0%} | {theirs} | {ratio} |{old}", flush=True)
+                  f"{of_sgemm:.0%} | {theirs} | {ratio} |{old}", flush=True)
     if not args.no_breakdown:
         print("\nper-op breakdown: microseconds per batch of each op run alone, and its "
               "GFLOP/s (backward: weight and input gradients together)")
