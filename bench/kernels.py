@@ -359,13 +359,13 @@ def main() -> None:
     print(f"single-core sgemm (numpy's BLAS, {SGEMM_SIZE}^3 float32): {sgemm:.1f} GFLOP/s "
           "(best product of the first second)")
     print(f"samples/s: median (min-max) of {args.repeats} repetitions of ~{args.seconds:g} s "
-          "after warm-up, taking turns; GFLOP/s: iasgd's median; of sgemm: the median over "
-          "the repetitions of iasgd's rate over the sgemm rate measured in the same turn "
-          "(the VM's speed drifts)")
+          "after warm-up, taking turns; GFLOP/s: iasgd's median; sgemm GFLOP/s: the median "
+          "of the sgemm turns; of sgemm: the median over the repetitions of iasgd's rate over "
+          "the sgemm rate of the same turn (the VM's speed drifts)")
     before = f" {args.baseline} samples/s | this / {args.baseline} |" if tree else ""
-    print(f"| model | params | batch | iasgd samples/s | GFLOP/s | of sgemm "
+    print(f"| model | params | batch | iasgd samples/s | GFLOP/s | sgemm GFLOP/s | of sgemm "
           f"| PyTorch {torch_version or '(absent)'} samples/s | ratio |{before}")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if tree else ""))
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if tree else ""))
     built = []
     for name in names:
         model = models.build(name, DATASET)
@@ -396,7 +396,8 @@ def main() -> None:
                    f"{statistics.median(rates[0]) / statistics.median(rates[-1]):.2f}x |"
                    if tree else "")
             print(f"| {name} | {model.num_params:,} | {b} | {fmt(rates[0])} | {gflops:.1f} | "
-                  f"{of_sgemm:.0%} | {theirs} | {ratio} |{old}", flush=True)
+                  f"{statistics.median(gemm):.1f} | {of_sgemm:.0%} | {theirs} | {ratio} |{old}",
+                  flush=True)
     if not args.no_breakdown:
         print("\nper-op breakdown: microseconds per batch of each op run alone, and its "
               "GFLOP/s (backward: weight and input gradients together)")

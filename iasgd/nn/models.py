@@ -349,10 +349,12 @@ def simd_scratch(c: int, k: int, out: int, out_pixels: int, bits: int) -> int:
 # while the parameters fit in half of it: a slice's activations then stay in
 # L2, and the parameters and the partial gradient, read once more per slice,
 # stay there too. LeNet-5 at b = 64 (6.2 MB of activations, 0.2 MB of
-# parameters), samples/s in one process, whole batch vs slices of 32 / 16
-# / 8: 23.0 k vs 26.0 / 25.8 / 25.0 k. With parameters larger than the
-# cache the extra reads cost more than the slices save: mlp (1.7 MB) at b =
-# 64 49.3 k vs 38.9 / 47.2 k; vgg-small (2.1 MB) 2.57 k vs 2.47 / 2.55 k.
+# parameters), whole batch vs slices of 16 taking turns in one process,
+# seven processes: 0.97-1.12x, median 1.07x (slices of 8 and 32 alike); b =
+# 128: 1.06x. With parameters larger than the cache the extra reads cost
+# more than the slices save (samples/s, whole vs slices of 32 / 16): mlp
+# (1.7 MB) at b = 64 49.3 k vs 38.9 / 47.2 k; vgg-small (2.1 MB) 2.57 k vs
+# 2.47 / 2.55 k.
 L2_BYTES = 1 << 20  # this machine's (AMD EPYC) and many current x86 cores'
 SLICE_SAMPLES = 16
 
