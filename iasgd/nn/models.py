@@ -480,10 +480,11 @@ def activation_plan(arch: Architecture, layout: list, capacity: int,
 
 class Workspace:
     """A worker's preallocated buffers for batches of up to `capacity` samples:
-    activations, their gradients, pooling indices, the parameter gradient and
-    the batch's labels. Nothing on the step path allocates. `plan` is the
-    kernels' int64 plan table for these buffers, `net` the plan with its
-    compiled ops (compiled now, if this process has not yet)."""
+    activations (every map but the input for `slice_size` of them), their
+    gradients, pooling indices, the parameter gradient and the batch's
+    labels. Nothing on the step path allocates. `plan` is the kernels' int64
+    plan table for these buffers, `net` the plan with its compiled ops
+    (compiled now, if this process has not yet)."""
 
     def __init__(self, plan: Plan, num_params: int, capacity: int, *, backward: bool = True):
         self.plan = plan.table
@@ -592,7 +593,8 @@ class Model:
         return params
 
     def workspace(self, capacity: int, *, backward: bool = True) -> Workspace:
-        """Fresh buffers for batches of up to `capacity` samples."""
+        """Fresh buffers for batches of up to `capacity` samples, run through
+        the network `slice_size` at a time (the module's slice rule)."""
         if capacity < 1:
             raise ValueError(f"batch capacity must be >= 1, got {capacity}")
         plan = activation_plan(self.arch, self.layout, capacity,
