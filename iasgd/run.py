@@ -589,8 +589,7 @@ def simulate_and_report(args: argparse.Namespace, model: models.Model, data: dat
 def workspace_bytes(model: models.Model, args: argparse.Namespace) -> int:
     """Memory of the workers' buffers: activations and their gradients (float32)
     plus a gradient and a parameter copy each."""
-    slices = models.slice_size(model.arch, model.layout, model.num_params, args.batch_size)
-    acts = models.activation_plan(model.arch, model.layout, args.batch_size, slices).acts_size
+    acts = model.plan(args.batch_size).acts_size
     return args.threads * (8 * acts + 8 * model.num_params)
 
 

@@ -597,9 +597,13 @@ class Model:
         the network `slice_size` at a time (the module's slice rule)."""
         if capacity < 1:
             raise ValueError(f"batch capacity must be >= 1, got {capacity}")
-        plan = activation_plan(self.arch, self.layout, capacity,
+        return Workspace(self.plan(capacity), self.num_params, capacity, backward=backward)
+
+    def plan(self, capacity: int) -> Plan:
+        """The plan of a workspace for batches of up to `capacity` samples,
+        sliced by the module's rule (slice_size)."""
+        return activation_plan(self.arch, self.layout, capacity,
                                slice_size(self.arch, self.layout, self.num_params, capacity))
-        return Workspace(plan, self.num_params, capacity, backward=backward)
 
     # ---- convenience API (allocates; the training path uses the kernels directly)
 
