@@ -32,7 +32,9 @@ import contextlib
 import hashlib
 import os
 import re
+import shutil
 import sys
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -95,6 +97,44 @@ def cache_dir(package: Path = _PACKAGE) -> Path:
 
 
 CACHE_DIR = cache_dir()
+
+# Every edit of a compiled module, and every upgrade of iasgd, compiles into
+# a new numba-<digest> directory beside the old ones (3-9 MB each for the
+# presets; a working copy had gathered 58 of them, 78 MB). A cold start
+# deletes all but the newest few (by when they were last written), and none
+# written in the last hour: a process of the old code may still be adding to
+# its directory (its deferred evaluation, a model it had not run yet).
+KEEP_OTHER_CACHES = 2
+KEEP_CACHES_WRITTEN_S = 3600.0
+_CACHE_NAME = re.compile(r"numba-[0-9a-f]{16}")
+
+
+def prune_caches(current: Path | None = None, keep: int = KEEP_OTHER_CACHES,
+                 recent_s: float = KEEP_CACHES_WRITTEN_S) -> list[Path]:
+    """Delete the numba-<digest> directories beside `current` (default:
+    CACHE_DIR) except `current`, the `keep` last written others and any
+    written in the last `recent_s` seconds; returns those deleted. Nothing
+    else in their folder is touched."""
+    current = Path(current or CACHE_DIR)
+    if not current.parent.is_dir():
+        return []
+    others = [d for d in current.parent.iterdir()
+              if d.is_dir() and _CACHE_NAME.fullmatch(d.name) and d.name != current.name]
+    by_age = sorted(others, key=_last_written, reverse=True)
+    cutoff = time.time() - recent_s
+    stale = [d for d in by_age[keep:] if _last_written(d) < cutoff]
+    for d in stale:
+        shutil.rmtree(d, ignore_errors=True)
+    return stale
+
+
+def _last_written(directory: Path) -> float:
+    # numba writes into one subfolder per source folder: their times move,
+    # the directory's own does not
+    try:
+        return max(p.stat().st_mtime for p in (directory, *directory.iterdir()))
+    except OSError:  # deleted meanwhile (another process pruning)
+        return time.time()
 
 
 @contextlib.contextmanager

@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numba
@@ -128,3 +129,46 @@ def test_user_numba_cache_dir_is_respected(tmp_path: Path) -> None:
     assert ours.parent == tmp_path / "user" / "iasgd"
     assert kernel.is_relative_to(ours) and worker.is_relative_to(ours)
     assert theirs.is_relative_to(tmp_path / "user") and not theirs.is_relative_to(ours)
+
+
+def _cache_written(base: Path, name: str, hours_ago: float) -> Path:
+    """A numba-<digest>-like directory under base, its subfolder (as numba
+    lays them out) last written `hours_ago`."""
+    directory = base / name
+    sub = directory / "nn_0123"
+    sub.mkdir(parents=True)
+    (sub / "kernels.f-1.py311.nbi").write_bytes(b"")
+    when = time.time() - hours_ago * 3600
+    for path in (sub / "kernels.f-1.py311.nbi", sub, directory):
+        os.utime(path, (when, when))
+    return directory
+
+
+def test_prune_caches_keeps_the_current_the_newest_and_the_recent(tmp_path: Path) -> None:
+    digest = "numba-{:016x}".format
+    current = _cache_written(tmp_path, digest(0), hours_ago=500)  # in use, however old
+    recent = [_cache_written(tmp_path, digest(i), hours_ago=0.1 * i) for i in (1, 2, 3)]
+    old = [_cache_written(tmp_path, digest(i), hours_ago=i) for i in (5, 6, 7)]
+    # the subfolder, not the directory itself, says when numba last wrote
+    touched = _cache_written(tmp_path, digest(8), hours_ago=100)
+    os.utime(touched / "nn_0123", (time.time() - 1800, time.time() - 1800))
+    kept_by_name = [_cache_written(tmp_path, name, hours_ago=100)
+                    for name in ("numba-xyz", "numba-0123", "other", f"{digest(9)}.bak")]
+    (tmp_path / f"{digest(10)}").write_text("a file, not a cache")
+
+    deleted = compiled.prune_caches(current, keep=2, recent_s=3600)
+
+    assert sorted(deleted) == sorted(old)  # recent[2] is third newest, but recent
+    assert all(not d.exists() for d in old)
+    assert all(d.is_dir() for d in (current, *recent, touched, *kept_by_name))
+    assert (tmp_path / f"{digest(10)}").is_file()
+
+
+def test_prune_caches_keeps_the_newest_others_however_old(tmp_path: Path) -> None:
+    digest = "numba-{:016x}".format
+    current = tmp_path / digest(0)
+    others = [_cache_written(tmp_path, digest(i), hours_ago=10 * i) for i in (1, 2, 3, 4)]
+    assert compiled.prune_caches(current, keep=2, recent_s=3600) == others[2:]
+    assert [d.exists() for d in others] == [True, True, False, False]
+    assert compiled.prune_caches(current, keep=0, recent_s=3600) == others[:2]
+    assert compiled.prune_caches(tmp_path / "missing" / digest(0)) == []

@@ -357,6 +357,10 @@ def compile_ahead(model: models.Model, algo: str, executor: Callable[[], LoadsKe
     none were needed or could run; the run compiles in-process)."""
     plan = models.activation_plan(model.arch, model.layout, 1).table
     todo = jobs(algo, plan, executor)
+    if todo:  # a cold start: the old code's caches are there to prune
+        from iasgd import compiled  # here, for the reason in _uncached
+
+        compiled.prune_caches()
     processes = children(todo, cores)
     if processes:
         # the stand-ins' op, compiled here first: each child inherits numba's

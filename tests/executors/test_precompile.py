@@ -359,3 +359,15 @@ def test_after_the_children_the_run_loads_everything_from_the_cache(tmp_path):
                          env=env, timeout=600, cwd=REPO)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split("\n")[-2] == "False []"
+
+
+@pytest.mark.parametrize("cold", [True, False])
+def test_a_cold_start_prunes_the_old_caches(cold, monkeypatch):
+    """compile_ahead deletes old code's caches (compiled.prune_caches) when
+    it has something to compile, and only then."""
+    pruned = []
+    monkeypatch.setattr(compiled, "prune_caches", lambda: pruned.append(True))
+    todo = [P.Job("steps", 1.0, lambda: None)] if cold else []
+    monkeypatch.setattr(P, "jobs", lambda algo, plan, executor: todo)
+    assert P.compile_ahead(models.build("lenet", "cifar10"), "sequential", None, cores=1) == 0
+    assert pruned == [True] * cold
