@@ -114,12 +114,14 @@ def prune_caches(current: Path | None = None, keep: int = KEEP_OTHER_CACHES,
     """Delete the numba-<digest> directories beside `current` (default:
     CACHE_DIR) except `current`, the `keep` last written others and any
     written in the last `recent_s` seconds; returns those deleted. Nothing
-    else in their folder is touched."""
+    else in their folder is touched, and a folder it cannot list is left
+    alone (housekeeping never stops a run)."""
     current = Path(current or CACHE_DIR)
-    if not current.parent.is_dir():
+    try:
+        others = [d for d in current.parent.iterdir()
+                  if d.is_dir() and _CACHE_NAME.fullmatch(d.name) and d.name != current.name]
+    except OSError:  # not there yet, or not ours to list
         return []
-    others = [d for d in current.parent.iterdir()
-              if d.is_dir() and _CACHE_NAME.fullmatch(d.name) and d.name != current.name]
     by_age = sorted(others, key=_last_written, reverse=True)
     cutoff = time.time() - recent_s
     stale = [d for d in by_age[keep:] if _last_written(d) < cutoff]

@@ -172,3 +172,15 @@ def test_prune_caches_keeps_the_newest_others_however_old(tmp_path: Path) -> Non
     assert [d.exists() for d in others] == [True, True, False, False]
     assert compiled.prune_caches(current, keep=0, recent_s=3600) == others[:2]
     assert compiled.prune_caches(tmp_path / "missing" / digest(0)) == []
+
+
+def test_prune_caches_leaves_a_folder_it_cannot_list(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    old = _cache_written(tmp_path, f"numba-{1:016x}", hours_ago=100)
+
+    def refuse(self: Path):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "iterdir", refuse)
+    assert compiled.prune_caches(tmp_path / f"numba-{0:016x}", keep=0) == []
+    assert old.is_dir()
