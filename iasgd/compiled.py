@@ -122,9 +122,10 @@ def prune_caches(current: Path | None = None, keep: int = KEEP_OTHER_CACHES,
                   if d.is_dir() and _CACHE_NAME.fullmatch(d.name) and d.name != current.name]
     except OSError:  # not there yet, or not ours to list
         return []
-    by_age = sorted(others, key=_last_written, reverse=True)
+    written = {d: _last_written(d) for d in others}
+    by_age = sorted(others, key=written.__getitem__, reverse=True)
     cutoff = time.time() - recent_s
-    stale = [d for d in by_age[keep:] if _last_written(d) < cutoff]
+    stale = [d for d in by_age[keep:] if written[d] < cutoff]
     for d in stale:
         shutil.rmtree(d, ignore_errors=True)
     return stale

@@ -314,6 +314,15 @@ def deferred() -> bool:
     return bool(_DEFERRED)
 
 
+def load_kernels(executor: LoadsKernels) -> None:
+    """Load (or compile) what a run calls from Python, before its clock
+    starts: the steps (or the worker loop), and the evaluation unless a cold
+    start's child is still compiling it (the first evaluation waits for it)."""
+    executor.load_steps()
+    if not deferred():
+        executor.load_evaluation()
+
+
 def finish_deferred() -> None:
     """Wait for the deferred jobs that children of `compile_ahead` may still
     be compiling (the evaluation), and load them; at once if there are none.

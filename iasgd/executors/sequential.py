@@ -102,14 +102,6 @@ class SequentialRun:
                 "result": result_meta(r)}
         return Snapshot(arrays, meta)
 
-    def load_kernels(self) -> None:
-        """Load (or compile) what the run calls from Python, before its clock
-        starts: the steps, and the evaluation unless a cold start's child is
-        still compiling it (the first evaluation waits for it)."""
-        self.load_steps()
-        if not precompile.deferred():
-            self.load_evaluation()
-
     def load_steps(self) -> None:
         """Load (or compile) the steps: a call of zero steps."""
         n_train = self.images.shape[0]
@@ -122,7 +114,7 @@ class SequentialRun:
         load_evaluation(self.model, self.data, self.result.params)
 
     def run(self, hooks: Hooks, checkpoint_every: int = 0) -> RunResult:
-        self.load_kernels()
+        precompile.load_kernels(self)
         with single_threaded_blas():  # the kernels' GEMMs: one core
             return run_epochs(self, hooks, checkpoint_every)
 

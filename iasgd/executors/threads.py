@@ -230,14 +230,6 @@ class ThreadedRun:
                 "result": result_meta(self.result), "control": self.control.state()}
         return Snapshot(arrays, meta)
 
-    def load_kernels(self) -> None:
-        """Load (or compile) what the run calls from Python, before its clock
-        starts: the worker loop, and the evaluation unless a cold start's child is
-        still compiling it (the first evaluation waits for it)."""
-        self.load_steps()
-        if not precompile.deferred():
-            self.load_evaluation()
-
     def load_steps(self) -> None:
         """Load (or compile) the worker loop."""
         self.team.warm_up()
@@ -248,7 +240,7 @@ class ThreadedRun:
 
     def run(self, hooks: Hooks, checkpoint_every: int = 0) -> RunResult:
         with single_threaded_blas():  # the kernels' GEMMs: one core per worker thread
-            self.load_kernels()
+            precompile.load_kernels(self)
             self.team.start(self.segment)
             try:
                 result = run_epochs(self, hooks, checkpoint_every)

@@ -336,7 +336,7 @@ result = iasgd.train(model, data, cfg, hooks)
 assert steps and result.status == "interrupted" and not result.epochs, result.status
 assert not K.predict_images.stats.cache_hits and not K.predict_images.stats.cache_misses
 early = sorted(name for name, _ in ops._COMPILED if name != "nothing")  # loaded as they came
-SequentialRun(model, data, cfg).load_kernels()  # the evaluation too: its child cached it
+precompile.load_kernels(SequentialRun(model, data, cfg))  # the evaluation too: its child cached it
 compiled = [d.py_func.__name__ for d in (K.train_steps, K.predict_images)
             if d.stats.cache_misses or not d.stats.cache_hits]
 compiled += [name for (name, _), f in ops._COMPILED.items()
