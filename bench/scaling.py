@@ -51,6 +51,7 @@ sys.path.insert(0, str(REPO))
 from iasgd import data as datasets  # noqa: E402
 from iasgd import engine, files, results  # noqa: E402
 from iasgd.algorithms import VARIANTS, sweep_variant  # noqa: E402
+from iasgd.config import config_where_it_applies  # noqa: E402
 from iasgd.executors import simulated as sim  # noqa: E402
 from iasgd.nn import models  # noqa: E402
 
@@ -234,8 +235,8 @@ def config_for(args: argparse.Namespace, algo: str, threads: int, seed: int,
                lr: float | None = None) -> engine.TrainConfig:
     knobs = {name: getattr(args, name) for name in PASSED_THROUGH}
     knobs.update(sweep_variant(algo), lr=args.lr if lr is None else lr)
-    return engine.TrainConfig(**knobs, threads=threads, seed=seed, epochs=1_000_000,
-                              time_budget=args.time_budget, eval_every=args.eval_every)
+    return config_where_it_applies(**knobs, threads=threads, seed=seed, epochs=1_000_000,
+                                   time_budget=args.time_budget, eval_every=args.eval_every)
 
 
 def run_one(model, data, cfg: engine.TrainConfig, targets: list[float],

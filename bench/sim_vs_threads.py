@@ -56,6 +56,7 @@ from scaling import foreign_share, machine_cpu_s  # noqa: E402
 from iasgd import data as datasets  # noqa: E402
 from iasgd import engine, files  # noqa: E402
 from iasgd.algorithms import sweep_variant  # noqa: E402
+from iasgd.config import config_where_it_applies  # noqa: E402
 from iasgd.executors import simulated as sim  # noqa: E402
 from iasgd.nn import models  # noqa: E402
 
@@ -70,7 +71,7 @@ def variant_config(name: str, threads: int, seed: int, **fields) -> engine.Train
     variant = sweep_variant(name)
     if variant is None:
         raise SystemExit(f"sim_vs_threads.py: unknown algorithm {name!r}")
-    return engine.TrainConfig(threads=threads, seed=seed, **{**fields, **variant})
+    return config_where_it_applies(threads=threads, seed=seed, **{**fields, **variant})
 
 
 def accuracy_points(runs: list) -> dict[int, float]:

@@ -18,13 +18,39 @@ protocol, `engine.train`, and the entry points `python -m iasgd.run` and
 `python -m iasgd.plot`. The numba settings are in iasgd.compiled.
 """
 
-from iasgd.config import ConfigError, TrainConfig
-from iasgd.data import DataError, Dataset, from_arrays, load
-from iasgd.engine import train
-from iasgd.executors.simulated import simulate
-from iasgd.nn.models import Model, build
-from iasgd.results import EpochRecord, Hooks, RunResult, Snapshot, Status
+from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Where each name of the API lives. They load on first use, so that
+# `python -m iasgd.run` can set up its Ctrl-C handling before numba loads.
+_API = {"ConfigError": "iasgd.config", "TrainConfig": "iasgd.config",
+        "DataError": "iasgd.data", "Dataset": "iasgd.data", "from_arrays": "iasgd.data",
+        "load": "iasgd.data", "train": "iasgd.engine", "simulate": "iasgd.executors.simulated",
+        "Model": "iasgd.nn.models", "build": "iasgd.nn.models",
+        "EpochRecord": "iasgd.results", "Hooks": "iasgd.results", "RunResult": "iasgd.results",
+        "Snapshot": "iasgd.results", "Status": "iasgd.results"}
 __all__ = ["ConfigError", "DataError", "Dataset", "EpochRecord", "Hooks", "Model", "RunResult",
            "Snapshot", "Status", "TrainConfig", "build", "from_arrays", "load", "simulate",
            "train"]
+
+if TYPE_CHECKING:
+    from iasgd.config import ConfigError, TrainConfig
+    from iasgd.data import DataError, Dataset, from_arrays, load
+    from iasgd.engine import train
+    from iasgd.executors.simulated import simulate
+    from iasgd.nn.models import Model, build
+    from iasgd.results import EpochRecord, Hooks, RunResult, Snapshot, Status
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _API:
+        raise AttributeError(f"module 'iasgd' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_API[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_API})

@@ -7,15 +7,16 @@ command line to the results file.
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import math
-import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from iasgd import options as O
 from iasgd import schedules as S
-from iasgd.algorithms import ALGORITHMS, POLICIES
-from iasgd.options import option
+from iasgd.algorithms import ALGORITHMS, POLICIES, VARIANTS
+from iasgd.options import Applies, option
 from iasgd.protocol import gate as G
 
 if TYPE_CHECKING:
@@ -32,19 +33,54 @@ class ConfigError(ValueError):
         self.template = template
 
     def __str__(self) -> str:
-        return _FIELD.sub(lambda m: m.group(1), self.template)
+        return O.as_fields(self.template)
 
     def for_cli(self) -> str:
-        return _FIELD.sub(lambda m: O.flag(m.group(1)), self.template)
+        return O.as_flags(self.template)
 
 
-_FIELD = re.compile(r"\{([a-z0-9_]+)\}")
 BACKENDS = ("threads", "ray")
 MAX_THREADS = 1024  # far beyond any CPU this runs on; a typo guard
 # The --help groups of TrainConfig's options (iasgd.run adds its own around them).
 TRAINING = "training"
 ADAPTIVE = "adaptive strategies (defaults: the paper's artifact)"
 CLUSTER = "cluster (nodes of --threads threads on Ray; docs/cluster.md)"
+
+
+# Where the options that are not for every run have an effect (docs/cli.md's
+# "applies to" column); one set anywhere else is refused (TrainConfig.check).
+def _schedule_is(*names: str) -> Applies:
+    return Applies("{interval_schedule} " + ", ".join(names),
+                   lambda c: c.interval_schedule in names)
+
+
+PARALLEL = Applies("{algo} " + ", ".join(a.name for a in ALGORITHMS.values() if a.parallel),
+                   lambda c: ALGORITHMS[c.algo].parallel)
+STALE = Applies("{algo} " + ", ".join(a.name for a in ALGORITHMS.values() if a.stale),
+                lambda c: ALGORITHMS[c.algo].stale)
+INTERVAL = Applies("{algo} interval", lambda c: ALGORITHMS[c.algo].bound == "interval")
+MOVING_Y = Applies("{interval_schedule} other than fixed", lambda c: c.interval_schedule != "fixed")
+THREAD_WINDOW = Applies("{threads_schedule} window", lambda c: c.threads_schedule == "window")
+PROBES = Applies("{interval_schedule} probe or {threads_schedule} window",
+                 lambda c: c.interval_schedule == "probe" or c.threads_schedule == "window")
+LOSS_READERS = Applies("{interval_schedule} probe, follow-loss or {threads_schedule} window",
+                       lambda c: c.interval_schedule in ("probe", "follow-loss")
+                       or c.threads_schedule == "window")
+TAIL = Applies("{lr_schedule} tail", lambda c: c.lr_schedule == "tail")
+RAY = Applies("{backend} ray", lambda c: c.backend == "ray")
+RAY_INTERVAL = Applies("{backend} ray with {algo} interval",
+                       lambda c: c.backend == "ray" and ALGORITHMS[c.algo].bound == "interval")
+
+
+def describe_variant(name: str) -> str:
+    """A variant's fields as flags: "--algo interval --lr-schedule tail"."""
+    return " ".join(f"{O.flag(k)} {v}" for k, v in VARIANTS[name].items())
+
+
+def variant_conflict(variant: str, name: str, value: object) -> ConfigError:
+    """Field `name` set to `value` beside a variant that sets it otherwise."""
+    return ConfigError(f"{{variant}} {variant} is {describe_variant(variant)}; {{{name}}} "
+                       f"{value} contradicts it: drop one")
 
 
 @dataclass(frozen=True)
@@ -54,13 +90,18 @@ class TrainConfig:
 
     algo: str = option("sequential", "; ".join(f"{a.name}: {a.help}" for a in ALGORITHMS.values()),
                        group=TRAINING, choices=ALGORITHMS)
+    variant: str | None = option(
+        None, "a named configuration: the options it stands for, which a flag beside it may "
+              "repeat but not change: "
+              + "; ".join(f"{name}: {describe_variant(name)}" for name in VARIANTS),
+        group=TRAINING, choices=VARIANTS, default_text="none")
     threads: int = option(1, f"worker threads n (at most {MAX_THREADS})", group=TRAINING,
-                          parse=O.positive_int)
+                          parse=O.positive_int, applies=PARALLEL)
     interval: int = option(16, "interval size y of --algo interval: staleness stays <= y - 1",
-                           group=TRAINING, metavar="Y", parse=O.positive_int)
+                           group=TRAINING, metavar="Y", parse=O.positive_int, applies=INTERVAL)
     gate: str = option("wait", "interval policy; " + "; ".join(f"{p.name}: {p.help}"
                                                                for p in POLICIES.values()),
-                       group=TRAINING, choices=POLICIES)
+                       group=TRAINING, choices=POLICIES, applies=INTERVAL)
     batch_size: int = option(16, "mini-batch size b", group=TRAINING, parse=O.positive_int)
     lr: float = option(0.005, "step size eta", group=TRAINING, parse=O.positive_float)
     momentum: float = option(0.5, "heavy-ball momentum in [0, 1)", group=TRAINING,
@@ -70,72 +111,102 @@ class TrainConfig:
     time_budget: float | None = option(
         None, "stop after this much training time (evaluation excluded)", group=TRAINING,
         metavar="SECONDS", parse=O.positive_float, default_text="no limit")
-    seed: int = option(0, "seed of initialisation and shuffling", group=TRAINING,
-                       parse=O.integer)
+    seed: int = option(0, "seed of initialisation and shuffling (>= 0)", group=TRAINING,
+                       parse=O.nonneg_int)
     eval_every: int = option(
         0, "also measure the test accuracy every N applied updates, outside the training "
            "clock, into the results' evals (0: at epoch ends only)",
         group=TRAINING, metavar="N", parse=O.nonneg_int)
     # schedules of y (docs/algorithms.md)
-    interval_schedule: str = option("fixed", "how y moves while training (algo interval)",
-                                    group=ADAPTIVE, choices=S.INTERVAL_SCHEDULES)
+    interval_schedule: str = option(
+        "fixed", "how y moves while training: fixed (--interval throughout); decay (y falls by "
+                 "--decay-by every --decay-every updates, down to --y-min); probe (tries the y "
+                 "values around the current one and keeps the one whose loss falls fastest); "
+                 "follow-loss (y shrinks with the smoothed training loss against loss_first, "
+                 "its value at the end of epoch 1, down to --y-min); per-worker (--interval "
+                 "per active worker); budget (per-worker while the workers' own staleness "
+                 "fits --staleness-budget, the budget's y beyond)",
+        group=ADAPTIVE, choices=S.INTERVAL_SCHEDULES,
+                                    applies=INTERVAL)
     y0: int | None = option(None, "starting y of a schedule", group=ADAPTIVE,
-                            parse=O.positive_int, default_text="--interval")
-    y_min: int = option(4, "smallest y a schedule uses", group=ADAPTIVE, parse=O.positive_int)
+                            parse=O.positive_int, default_text="--interval", applies=MOVING_Y)
+    y_min: int = option(4, "smallest y a schedule uses", group=ADAPTIVE, parse=O.positive_int,
+                        applies=_schedule_is("decay", "probe", "follow-loss", "budget"))
     decay_every: int = option(4096, "decay: applied updates between decrements", group=ADAPTIVE,
-                              metavar="Q", parse=O.positive_int)
+                              metavar="Q", parse=O.positive_int, applies=_schedule_is("decay"))
     decay_by: int = option(1, "decay: decrement of y", group=ADAPTIVE, metavar="Z",
-                           parse=O.positive_int)
+                           parse=O.positive_int, applies=_schedule_is("decay"))
     probe_offset: int = option(16, "probe: half-width of the probe window", group=ADAPTIVE,
-                               metavar="W", parse=O.positive_int)
+                               metavar="W", parse=O.positive_int, applies=_schedule_is("probe"))
     probe_step: int = option(4, "probe: distance between probed values", group=ADAPTIVE,
-                             metavar="S", parse=O.positive_int)
+                             metavar="S", parse=O.positive_int, applies=_schedule_is("probe"))
     probe_steps: int = option(1024, "probe and thread window: applied updates per probed value",
-                              group=ADAPTIVE, metavar="P", parse=O.positive_int)
+                              group=ADAPTIVE, metavar="P", parse=O.positive_int, applies=PROBES)
     exec_steps: int = option(8192, "probe and thread window: applied updates per execute phase",
-                             group=ADAPTIVE, metavar="X", parse=O.positive_int)
+                             group=ADAPTIVE, metavar="X", parse=O.positive_int, applies=PROBES)
     probe_loss_scale: float = option(
-        0.9, "probe: window scale s = L * loss/loss_first + (1 - L)", group=ADAPTIVE,
-        metavar="L", parse=O.unit_float)
+        0.9, "probe: how much the training loss narrows each new window: its half-width is "
+             "scaled by s = L * loss / loss_first + (1 - L), loss_first being the smoothed "
+             "loss at the end of epoch 1", group=ADAPTIVE,
+        metavar="L", parse=O.unit_float, applies=_schedule_is("probe"))
     staleness_budget: float = option(
         0.15, "budget: how far the parameters may move between a gradient's read and its "
               "apply, in steps of lr / (1 - momentum); y = 1 + floor(B (1 - momentum) / lr) "
               "once the m active workers' own staleness, about 2 (m - 1), exceeds y - 1; "
               "--interval per worker until then",
-        group=ADAPTIVE, metavar="B", parse=O.positive_float)
-    loss_window: int | None = option(None, "steps in the smoothed training loss", group=ADAPTIVE,
-                                     metavar="STEPS", parse=O.positive_int,
-                                     default_text="3 epochs")
+        group=ADAPTIVE, metavar="B", parse=O.positive_float, applies=_schedule_is("budget"))
+    loss_window: int | None = option(
+        None, "probe, follow-loss and the thread window: applied updates over which the "
+              "training loss they read is averaged", group=ADAPTIVE, metavar="STEPS",
+        parse=O.positive_int, default_text="3 epochs", applies=LOSS_READERS)
     # adaptive thread count
     threads_schedule: str = option(
         "fixed", "window: probe the number of active threads m (elastic baseline); cores: run "
                  "one thread per core the run has and park the rest",
-        group=ADAPTIVE, choices=S.THREAD_SCHEDULES)
+        group=ADAPTIVE, choices=S.THREAD_SCHEDULES, applies=STALE)
     window: int = option(8, "thread window: m is probed over m0 - w/2 .. m0 + w/2, clipped to "
-                            "[1, --threads]", group=ADAPTIVE, metavar="w", parse=O.positive_int)
+                            "[1, --threads]", group=ADAPTIVE, metavar="w", parse=O.positive_int,
+                         applies=THREAD_WINDOW)
     m0: int | None = option(None, "thread window: starting m", group=ADAPTIVE,
-                            parse=O.positive_int, default_text="--threads")
+                            parse=O.positive_int, default_text="--threads",
+                            applies=THREAD_WINDOW)
     # staleness-adaptive step size
     lr_schedule: str = option(
-        "none", "staleness-adaptive step size: factor 1/(tau+1), exp(-beta tau), or TAIL-tau "
-                "from the early staleness distribution", group=ADAPTIVE, choices=S.LR_SCHEDULES)
-    tail_amplitude: float = option(1.0, "tail: factor 1 + A (1 - 2 F(tau))", group=ADAPTIVE,
-                                   metavar="A", parse=O.unit_float)
+        "none", "staleness-adaptive step size, a factor of lr for an update of staleness tau: "
+                "inverse 1/(tau+1); fleet (FLeet) exp(-beta tau), beta = 2 ln(1 + (n+1)/2) / "
+                "(n+1) for n --threads (inverse's factor at tau = (n+1)/2); tail (TAIL-tau) "
+                "1 + A (1 - 2 F(tau)), F the staleness distribution of the first updates",
+        group=ADAPTIVE, choices=S.LR_SCHEDULES, applies=STALE)
+    tail_amplitude: float = option(1.0, "tail: A of the factor 1 + A (1 - 2 F(tau))",
+                                   group=ADAPTIVE, metavar="A", parse=O.unit_float, applies=TAIL)
     # where the threads run (iasgd.executors.cluster; docs/cluster.md)
     backend: str = option(
         "threads", "threads: this machine; ray: --nodes nodes exchanging updates with a "
                    "parameter server (needs pip install -e '.[ray]')",
         group=CLUSTER, choices=BACKENDS)
     nodes: int = option(2, "ray: node actors, each training with --threads threads",
-                        group=CLUSTER, parse=O.positive_int)
+                        group=CLUSTER, parse=O.positive_int, applies=RAY)
     sync_every: int = option(16, "ray: updates a node applies between its exchanges with the "
-                                 "server", group=CLUSTER, metavar="K", parse=O.positive_int)
+                                 "server", group=CLUSTER, metavar="K", parse=O.positive_int,
+                             applies=RAY)
     node_interval: int | None = option(
         None, "ray, --algo interval: y over node pushes, so staleness between nodes stays "
               "<= y - 1", group=CLUSTER, metavar="Y", parse=O.positive_int,
-        default_text="--nodes")
+        default_text="--nodes", applies=RAY_INTERVAL)
     node_gate: str = option("wait", "ray, --algo interval: the cluster gate's policy (as --gate)",
-                            group=CLUSTER, choices=POLICIES)
+                            group=CLUSTER, choices=POLICIES, applies=RAY_INTERVAL)
+
+    def __post_init__(self) -> None:
+        """Fill in the fields the variant sets that are left at their defaults
+        (one set to another value contradicts it: check() refuses it), then
+        check. The command line refuses a flag that names a field the variant
+        sets with another value, even its default."""
+        if self.variant in VARIANTS:
+            defaults = {f.name: f.default for f in dataclasses.fields(self)}
+            for name, value in VARIANTS[self.variant].items():
+                if getattr(self, name) == defaults[name]:
+                    object.__setattr__(self, name, value)
+        self.check()
 
     @property
     def start_y(self) -> int:
@@ -148,7 +219,7 @@ class TrainConfig:
     def check(self) -> None:
         """Raise ConfigError (one line) on a value or combination no run can use."""
         choices = {"algo": ALGORITHMS, "gate": POLICIES, "node_gate": POLICIES,
-                   "backend": BACKENDS,
+                   "backend": BACKENDS, "variant": {None: None, **VARIANTS},
                    "interval_schedule": S.INTERVAL_SCHEDULES,
                    "threads_schedule": S.THREAD_SCHEDULES, "lr_schedule": S.LR_SCHEDULES}
         for name, allowed in choices.items():
@@ -160,8 +231,12 @@ class TrainConfig:
                      "window", "nodes", "sync_every", "node_interval"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"{{{name}}} must be >= 1, got {getattr(self, name)}")
-        if self.eval_every < 0:
-            raise ConfigError(f"{{eval_every}} must be >= 0, got {self.eval_every}")
+        for name in ("eval_every", "seed"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{{{name}}} must be >= 0, got {getattr(self, name)}")
+        if self.threads > MAX_THREADS:
+            raise ConfigError(f"{{threads}} {self.threads} is more than {MAX_THREADS}; use at "
+                              "most a few times the number of cores")
         for name in ("interval", "y0", "node_interval"):
             if (getattr(self, name) or 0) > G.MAX_Y:
                 raise ConfigError(f"{{{name}}} must be <= {G.MAX_Y}, got {getattr(self, name)}")
@@ -169,22 +244,30 @@ class TrainConfig:
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value >= 0):
                 raise ConfigError(f"{{{name}}} must be a finite number >= 0, got {value}")
-        if not ALGORITHMS[self.algo].parallel and self.threads != 1:
-            parallel = ", ".join(a for a in ALGORITHMS if ALGORITHMS[a].parallel)
-            raise ConfigError(f"{{algo}} {self.algo} runs one thread; pick {{algo}} one of "
-                              f"{parallel} for {{threads}} > 1")
         if self.backend == "ray" and not ALGORITHMS[self.algo].parallel:
             raise ConfigError(f"{{backend}} ray runs a parallel {{algo}}, not {self.algo}; "
                               "pick one of " + ", ".join(a for a in ALGORITHMS
                                                          if ALGORITHMS[a].parallel))
+        self._check_variant()
+        self.check_applies([f.name for f in dataclasses.fields(self)
+                            if getattr(self, f.name) != f.default])
         self._check_schedules()
 
+    def check_applies(self, names: list[str]) -> None:
+        """ConfigError unless each field of `names` has an effect on this run
+        (the command line asks this of the options it was given, whatever
+        their values; check() of those that differ from their defaults)."""
+        found = O.inapplicable(TrainConfig, self, names)
+        if found is not None:
+            raise ConfigError(O.does_nothing(*found))
+
+    def _check_variant(self) -> None:
+        for name, value in VARIANTS.get(self.variant, {}).items():
+            if getattr(self, name) != value:
+                raise variant_conflict(self.variant, name, getattr(self, name))
+
     def _check_schedules(self) -> None:
-        stale = ", ".join(a.name for a in ALGORITHMS.values() if a.stale)
         if self.interval_schedule != "fixed":
-            if ALGORITHMS[self.algo].bound != "interval":
-                raise ConfigError(f"{{interval_schedule}} {self.interval_schedule} applies to "
-                                  "{algo} interval only")
             if (self.interval_schedule == "probe"
                     and self.start_y + self.probe_offset < self.y_min):
                 raise ConfigError(f"the probe window {{y0}} {self.start_y} +- {{probe_offset}} "
@@ -192,14 +275,8 @@ class TrainConfig:
             if (self.interval_schedule not in ("per-worker", "budget")
                     and self.y_min > self.start_y):
                 raise ConfigError(f"{{y_min}} {self.y_min} is above {{y0}} {self.start_y}")
-        if self.threads_schedule != "fixed" and not ALGORITHMS[self.algo].stale:
-            raise ConfigError(f"{{threads_schedule}} {self.threads_schedule} applies to "
-                              f"{{algo}} {stale}")
         if self.m0 is not None and not 1 <= self.m0 <= self.threads:
             raise ConfigError(f"{{m0}} {self.m0} must lie in [1, {{threads}} {self.threads}]")
-        if self.lr_schedule != "none" and not ALGORITHMS[self.algo].stale:
-            raise ConfigError(f"{{lr_schedule}} {self.lr_schedule} applies to {{algo}} {stale} "
-                              "(the others have no staleness)")
         for name in ("probe_loss_scale", "tail_amplitude"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ConfigError(f"{{{name}}} must be in [0, 1], got {getattr(self, name)}")
@@ -208,6 +285,19 @@ class TrainConfig:
                               f"{self.staleness_budget}")
         if self.loss_window is not None and self.loss_window < 1:
             raise ConfigError(f"{{loss_window}} must be >= 1, got {self.loss_window}")
+
+
+def config_where_it_applies(**fields: object) -> TrainConfig:
+    """The TrainConfig of `fields`, less those that would do nothing in it:
+    a sweep gives its knobs once for every algorithm it compares."""
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    while True:
+        run = argparse.Namespace(**{**defaults, **fields})
+        found = O.inapplicable(TrainConfig, run, [k for k, v in fields.items()
+                                                  if v != defaults[k]])
+        if found is None:
+            return TrainConfig(**fields)
+        fields = {k: v for k, v in fields.items() if k != found[0]}
 
 
 def eval_points(done: int, end: int, every: int) -> list[int]:

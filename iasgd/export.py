@@ -391,6 +391,9 @@ def load_torch(path: str | Path) -> torch.nn.Sequential:
 
 # ------------------------------------------------------------------ helpers
 
+# PyPI's torch is the CUDA build (several GB); a CPU is all iasgd uses
+INSTALL = {"torch": "pip install torch --index-url https://download.pytorch.org/whl/cpu"}
+
 
 def _require(module: str, what: str, package: str | None = None) -> ModuleType:
     """Import an optional package, or ExportError saying what to install."""
@@ -399,7 +402,7 @@ def _require(module: str, what: str, package: str | None = None) -> ModuleType:
     except ImportError:
         package = package or module.split(".")[0]
         raise ExportError(f"{what} needs {package}, which is not installed: "
-                          f"pip install {package}") from None
+                          f"{INSTALL.get(package, f'pip install {package}')}") from None
 
 
 def _suffix(path: str | Path, allowed: Sequence[str], what: str) -> str:

@@ -12,27 +12,77 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import re
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
+
+
+@dataclass(frozen=True)
+class Applies:
+    """Where an option has an effect: `words` says it, with fields as
+    `{field}` (shown as `field` in Python and `--field` on the command line),
+    and `test(run)` tells it from a run's values (any object with the fields
+    as attributes). An option set where it has no effect is refused."""
+
+    words: str
+    test: Callable[[Any], bool]
 
 
 def option(default: Any, help: str, *, group: str, choices: Iterable[str] | None = None,
            metavar: str | None = None, parse: Callable[[str], Any] | None = None,
-           default_text: str | None = None) -> Any:
+           default_text: str | None = None, applies: Applies | None = None) -> Any:
     """A dataclass field defaulting to `default`, with its flag: `help` (plain
     text), the --help `group` it is listed in, the allowed `choices`, its
     `metavar`, `parse` (text to value; ArgumentTypeError if invalid; None:
-    the text itself) and `default_text`, what --help says the default is when
-    the default itself (None) says nothing. A bool field is a flag that sets it."""
+    the text itself), `default_text`, what --help says the default is when
+    the default itself (None) says nothing, and where it `applies` (None:
+    every run). A bool field is a flag that sets it."""
     metadata = {"help": help, "group": group, "metavar": metavar, "parse": parse,
                 "choices": None if choices is None else tuple(choices),
-                "default_text": default_text}
+                "default_text": default_text, "applies": applies}
     return dataclasses.field(default=default, metadata=metadata)
 
 
 def flag(name: str) -> str:
     """The flag of field `name`: a_b -> --a-b."""
     return "--" + name.replace("_", "-")
+
+
+FIELD = re.compile(r"\{([a-z0-9_]+)\}")
+
+
+def as_fields(template: str) -> str:
+    """A text with `{field}` placeholders, fields named as in Python."""
+    return FIELD.sub(lambda m: m.group(1), template)
+
+
+def as_flags(template: str) -> str:
+    """A text with `{field}` placeholders, fields named as flags."""
+    return FIELD.sub(lambda m: flag(m.group(1)), template)
+
+
+def applies(f: dataclasses.Field) -> Applies | None:
+    """Where the option of field `f` has an effect (None: every run)."""
+    return f.metadata.get("applies")
+
+
+def does_nothing(name: str, rule: Applies) -> str:
+    """The message, as a template, for field `name` set where `rule` says it
+    has no effect."""
+    return f"{{{name}}} applies to {rule.words} only, so it would do nothing here; drop it"
+
+
+def inapplicable(cls: type, run: Any, names: Iterable[str]) -> tuple[str, Applies] | None:
+    """The first of the fields `names` of dataclass `cls` whose option has no
+    effect on `run` (any object with the fields as attributes), with its
+    rule; None if each has one."""
+    rules = {f.name: applies(f) for f in dataclasses.fields(cls)}
+    for name in names:
+        rule = rules.get(name)
+        if rule is not None and not rule.test(run):
+            return name, rule
+    return None
 
 
 def add_options(parser: argparse.ArgumentParser, *classes: type,

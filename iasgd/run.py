@@ -2,15 +2,25 @@
 its results JSON. `--help` lists every option with its default.
 
 Bad input is one line on stderr and exit code 2, before any work is done.
+The options travel typed from here on: a TrainConfig (checked where it is
+made) and a RunOptions.
 """
 
 from __future__ import annotations
+
+# Ctrl-C while the modules below load (a second or more) is one line, not a
+# traceback: the handler goes in before they are imported.
+from iasgd import console
+
+if __name__ == "__main__":
+    console.exit_quietly_while_importing()
 
 import argparse
 import dataclasses
 import importlib.util
 import json
 import os
+import shlex
 import signal
 import sys
 import tempfile
@@ -24,19 +34,25 @@ from iasgd import checkpoints, engine, export, files, results
 from iasgd import data as datasets
 from iasgd import options as O
 from iasgd import schedules as S
-from iasgd.algorithms import ALGORITHMS
-from iasgd.config import ADAPTIVE, CLUSTER, MAX_THREADS, TRAINING, ConfigError, TrainConfig
+from iasgd.algorithms import ALGORITHMS, VARIANTS
+from iasgd.config import (
+    ADAPTIVE,
+    CLUSTER,
+    TRAINING,
+    ConfigError,
+    TrainConfig,
+    variant_conflict,
+)
+from iasgd.console import EXIT_SIGINT, EXIT_SIGTERM, Display, Interrupts, error
 from iasgd.executors import precompile
 from iasgd.executors import simulated as sim
 from iasgd.executors.threads import usable_cores
 from iasgd.nn import models
-from iasgd.options import option
+from iasgd.options import Applies, option
 
 EXIT_USAGE = 2
 EXIT_FAILED = 1
 EXIT_DIVERGED = 3
-EXIT_SIGINT = 130
-EXIT_SIGTERM = 143
 
 
 class UsageError(Exception):
@@ -52,6 +68,15 @@ MODEL_AND_DATA = "model and data"
 SIMULATION = "simulation (staleness of many threads, computed on one core)"
 OUTPUT = "output"
 GROUPS = (MODEL_AND_DATA, TRAINING, ADAPTIVE, SIMULATION, CLUSTER, OUTPUT)  # --help's order
+
+
+OWN_FILE = Applies("{dataset} of your own file", lambda run: run.dataset not in datasets.DATASETS)
+ARCHIVED = Applies("{dataset} " + ", ".join(d for d in datasets.DATASETS if d != "synthetic"),
+                   lambda run: run.dataset in datasets.DATASETS and run.dataset != "synthetic")
+SIMULATED = Applies("{simulate}", lambda run: run.simulate)
+REAL = Applies("runs without {simulate}", lambda run: not run.simulate)
+CHECKPOINTED = Applies("runs without {simulate} or {no_checkpoint}",
+                       lambda run: not run.simulate and not run.no_checkpoint)
 
 
 # Here rather than in iasgd.config: these are the command line's own options
@@ -73,19 +98,20 @@ class RunOptions:
         group=MODEL_AND_DATA, metavar="MODEL")
     hidden: tuple[int, ...] | None = option(
         None, "hidden widths of the mlp, comma-separated", group=MODEL_AND_DATA,
-        parse=O.widths, default_text=",".join(map(str, models.DEFAULT_HIDDEN)))
+        parse=O.widths, default_text=",".join(map(str, models.DEFAULT_HIDDEN)),
+        applies=Applies("{model} mlp", lambda run: run.model == "mlp"))
     data_dir: str | None = option(None, "where archives and caches live", group=MODEL_AND_DATA,
                                   default_text=f"${datasets.DATA_DIR_ENV}, else ./data")
     archive: str | None = option(
         None, "dataset archive under another name or path (for Fashion-MNIST: the directory "
-              "of its four .gz files)", group=MODEL_AND_DATA)
+              "of its four .gz files)", group=MODEL_AND_DATA, applies=ARCHIVED)
     test_fraction: float = option(
         datasets.DEFAULT_TEST_FRACTION, "your own file without a test split: the share of its "
         "images held out as one (the same ones for every --seed)", group=MODEL_AND_DATA,
-        metavar="F", parse=O.unit_float)
+        metavar="F", parse=O.unit_float, applies=OWN_FILE)
     layout: str = option("auto", "your own file: where its images' channels are (auto: "
                                  "docs/data.md's rule)", group=MODEL_AND_DATA,
-                         choices=datasets.LAYOUTS)
+                         choices=datasets.LAYOUTS, applies=OWN_FILE)
     init: str | None = option(
         None, "start from these parameters: an export (python -m iasgd.export) or another "
               "run's checkpoint of the same model, to fine-tune", group=MODEL_AND_DATA,
@@ -95,28 +121,32 @@ class RunOptions:
                "interval, with their schedules); times, throughput and --time-budget are in "
                "simulated seconds", group=SIMULATION)
     sim_cores: int | None = option(None, "cores the simulated workers share", group=SIMULATION,
-                                   parse=O.positive_int, default_text="one each")
+                                   parse=O.positive_int, default_text="one each",
+                                   applies=SIMULATED)
     sim_step_spread: float | None = option(
         None, "lognormal step times with this spread around the measured mean",
         group=SIMULATION, metavar="SIGMA", parse=O.positive_float,
-        default_text="draw from measured single-thread step times")
+        default_text="draw from measured single-thread step times", applies=SIMULATED)
     sim_quantum: float = option(
         0.004, "simulated time slice of a worker when workers share cores (Linux at HZ=250: "
-               "a tick)", group=SIMULATION, metavar="SECONDS", parse=O.positive_float)
+               "a tick)", group=SIMULATION, metavar="SECONDS", parse=O.positive_float,
+        applies=SIMULATED)
     sim_contention: float = option(
         0.0, "each other busy core makes a simulated step this much longer (a fraction; "
              "bench/contention.py measures it)", group=SIMULATION, metavar="C",
-        parse=O.unit_float)
+        parse=O.unit_float, applies=SIMULATED)
     sim_switch: float | None = option(
         None, "CPU seconds a time-sliced simulated worker loses when it resumes a step its "
               "time slice cut (cold caches; bench/contention.py fits it)", group=SIMULATION,
-        metavar="SECONDS", parse=O.positive_float, default_text="none")
+        metavar="SECONDS", parse=O.positive_float, default_text="none", applies=SIMULATED)
     sim_snapshot_reads: bool = option(
         False, "simulated hogwild and interval steps read a snapshot of the parameters when "
-               "they begin, instead of the shared array as they compute", group=SIMULATION)
+               "they begin, instead of the shared array as they compute", group=SIMULATION,
+        applies=SIMULATED)
     address: str | None = option(
         None, "ray: the cluster to join (auto: the one this machine belongs to)", group=CLUSTER,
-        metavar="HOST:PORT", default_text="start a local Ray with --nodes node actors")
+        metavar="HOST:PORT", default_text="start a local Ray with --nodes node actors",
+        applies=Applies("{backend} ray", lambda run: run.backend == "ray"))
     out: str = option("results.json", "results JSON (config, status, per-epoch records), "
                                       "written atomically; a --resume without --out extends "
                                       "the results of the run it resumes, beside its checkpoint",
@@ -127,16 +157,18 @@ class RunOptions:
               "--epochs to extend the run), on Ctrl-C/SIGTERM and every --checkpoint-every "
               "epochs; a --resume without --out writes the checkpoint it resumes",
         group=OUTPUT, metavar="PATH",
-        default_text="beside --out, as NAME.ckpt.h5")
+        default_text="beside --out, as NAME.ckpt.h5", applies=CHECKPOINTED)
     checkpoint_every: int = option(
         0, "also write the checkpoint every this many epochs (0: only at the end and when "
-           "stopped)", group=OUTPUT, metavar="EPOCHS", parse=O.nonneg_int)
+           "stopped)", group=OUTPUT, metavar="EPOCHS", parse=O.nonneg_int,
+        applies=CHECKPOINTED)
     no_checkpoint: bool = option(
-        False, "write no checkpoint at all (a stopped run cannot be resumed)", group=OUTPUT)
+        False, "write no checkpoint at all (a stopped run cannot be resumed)", group=OUTPUT,
+        applies=REAL)
     resume: str | None = option(
         None, "continue the run saved in this checkpoint, with its configuration (--epochs, "
               "--time-budget and output options may change), writing beside it unless --out "
-              "is given", group=OUTPUT, metavar="PATH")
+              "is given", group=OUTPUT, metavar="PATH", applies=REAL)
 
 
 EXIT_CODES = {0: "completed, or stopped by --time-budget",
@@ -169,15 +201,25 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    """Parse and cross-check the options; raise UsageError on bad input. With
-    --resume, the options of the run are checked by resumed_args, once merged
-    with those saved in the checkpoint."""
+def command_line(argv: list[str]) -> tuple[TrainConfig, RunOptions, engine.Snapshot | None]:
+    """The run's options, checked (a resumed one's merged with those saved in
+    its checkpoint), and the snapshot a --resume continues. UsageError on bad
+    input."""
     args = build_parser().parse_args(argv)
+    given = given_options(argv)
     _check_command_line(args)
-    if args.resume is None:
-        check_options(args)
-    return args
+    values, snapshot = vars(args), None
+    if args.resume:
+        values, snapshot = resumed_values(args, given)
+    cfg, opts = checked(values, given)
+    if snapshot is not None:
+        _check_resume(cfg, opts, snapshot)
+    return cfg, opts, snapshot
+
+
+def given_options(argv: list[str]) -> set[str]:
+    """The fields of the options named on the command line."""
+    return {tok.split("=")[0][2:].replace("-", "_") for tok in argv if tok.startswith("--")}
 
 
 def _check_command_line(args: argparse.Namespace) -> None:
@@ -208,39 +250,52 @@ def dataset_name(text: str) -> str:
         ".npz or HDF5 file of your own (docs/data.md)")
 
 
-def own_data(args: argparse.Namespace) -> bool:
+def own_data(dataset: str) -> bool:
     """The run trains on a user's own file: the model is sized once it is loaded."""
-    return args.dataset not in datasets.DATASETS
+    return dataset not in datasets.DATASETS
 
 
-def check_options(args: argparse.Namespace) -> None:
-    """The options of a run (a resumed one's merged with its checkpoint's)
-    fit together; its --model spec is made canonical. UsageError if not."""
-    if args.hidden is not None and args.model != "mlp":
-        raise UsageError("--hidden applies to --model mlp only")
+def checked(values: dict, given: set[str]) -> tuple[TrainConfig, RunOptions]:
+    """The TrainConfig and RunOptions of a run's option values (a resumed
+    one's merged with its checkpoint's), with its --variant filled in and
+    its --model spec made canonical. UsageError unless they fit together,
+    and unless each option given, or set to other than its default, has an
+    effect on this run."""
+    _check_variant_flags(values, given)
+    args = argparse.Namespace(**values)
+    changed = {f.name for f in dataclasses.fields(RunOptions)
+               if getattr(args, f.name) != f.default}
+    found = O.inapplicable(RunOptions, args, sorted(given | changed))
+    if found is not None:
+        raise UsageError(O.as_flags(O.does_nothing(*found)))
     # a bad spec is one line and exit 2, before any data is loaded (a user's own
     # file: once it is loaded and its images' shape is known, in build_model)
-    if not own_data(args):
+    if not own_data(args.dataset):
         args.model = canonical_model(args.model, args.dataset, args.hidden)
-    if args.threads > MAX_THREADS:
-        raise UsageError(f"--threads {args.threads} is more than {MAX_THREADS}; "
-                         "use at most a few times the number of cores")
-    if args.seed < 0:
-        raise UsageError(f"--seed must be >= 0, got {args.seed}")
     _check_writable_file("--out", args.out)
     if args.checkpoint is not None:
         _check_writable_file("--checkpoint", args.checkpoint)
     try:
-        train_config(args).check()
+        cfg = train_config(args)
+        cfg.check_applies(sorted(given & {f.name for f in dataclasses.fields(TrainConfig)}))
     except ConfigError as e:
         raise UsageError(e.for_cli()) from None
-    if args.simulate and args.algo not in sim.SIMULATED_ALGOS:
+    opts = run_options(args)
+    if opts.simulate and cfg.algo not in sim.SIMULATED_ALGOS:
         raise UsageError(f"--simulate covers --algo {', '.join(sim.SIMULATED_ALGOS)}; "
-                         f"--algo {args.algo} runs one thread, so run it for real")
-    if args.backend == "ray":
-        _check_ray(args)
-    elif args.address is not None:
-        raise UsageError("--address applies to --backend ray; add --backend ray or drop it")
+                         f"--algo {cfg.algo} runs one thread, so run it for real")
+    if cfg.backend == "ray":
+        _check_ray(opts)
+    return cfg, opts
+
+
+def _check_variant_flags(values: dict, given: set[str]) -> None:
+    """A flag beside --variant may repeat what the variant sets, not change it
+    (even to the option's default, which TrainConfig cannot tell from unset)."""
+    name = values.get("variant")
+    for field, value in VARIANTS.get(name, {}).items():
+        if field in given and values[field] != value:
+            raise UsageError(variant_conflict(name, field, values[field]).for_cli())
 
 
 def canonical_model(model: str, dataset: str, hidden: tuple[int, ...] | None) -> str:
@@ -253,18 +308,16 @@ def canonical_model(model: str, dataset: str, hidden: tuple[int, ...] | None) ->
     return model if model in models.MODELS else built.spec
 
 
-def _check_ray(args: argparse.Namespace) -> None:
-    """--backend ray: Ray is installed and the options fit a cluster run."""
-    if args.simulate:
-        raise UsageError("--simulate runs on this machine; drop --backend ray or --simulate")
+def _check_ray(opts: RunOptions) -> None:
+    """--backend ray: Ray is installed and the cluster at --address answers."""
     if importlib.util.find_spec("ray") is None:
         raise UsageError("--backend ray needs Ray, which is not installed: "
                          "pip install -e '.[ray]'")
-    if args.address not in (None, "auto"):
+    if opts.address not in (None, "auto"):
         from iasgd.executors.ray_cluster import UnreachableClusterError, check_reachable
 
         try:
-            check_reachable(args.address)
+            check_reachable(opts.address)
         except UnreachableClusterError as e:
             raise UsageError(str(e)) from None
 
@@ -284,14 +337,14 @@ def _check_writable_file(flag: str, path: str) -> None:
         raise UsageError(f"{flag} {path}: cannot write in {directory} ({e.strerror})") from None
 
 
-def run_config(args: argparse.Namespace) -> dict:
+def run_config(cfg: TrainConfig, opts: RunOptions) -> dict:
     """The full configuration as written to the results file."""
-    cfg = vars(args).copy()
-    if cfg["hidden"] is None and args.model == "mlp":
-        cfg["hidden"] = list(models.DEFAULT_HIDDEN)
-    elif cfg["hidden"] is not None:
-        cfg["hidden"] = list(cfg["hidden"])
-    return cfg
+    config = {**dataclasses.asdict(opts), **dataclasses.asdict(cfg)}
+    if config["hidden"] is None and opts.model == "mlp":
+        config["hidden"] = list(models.DEFAULT_HIDDEN)
+    elif config["hidden"] is not None:
+        config["hidden"] = list(config["hidden"])
+    return config
 
 
 def train_config(args: argparse.Namespace) -> TrainConfig:
@@ -300,88 +353,9 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
     return TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
 
 
-class Display:
-    """Live progress bar within an epoch, one line per epoch, a summary."""
-
-    def __init__(self, quiet: bool, epochs: int):
-        self.quiet = quiet
-        self.epochs = epochs
-        self.bar = None
-
-    def say(self, line: str) -> None:
-        if not self.quiet:
-            print(line, flush=True)
-
-    def compiling(self, seconds: int) -> None:
-        """The kernels are about to be compiled (an empty numba cache)."""
-        self.say(f"compiling kernels, first run only, about {seconds} s")
-        self._compile_t0 = time.perf_counter()
-
-    def compiled(self) -> None:
-        """Compilation is over: say how long it took (once; only after `compiling`)."""
-        t0 = vars(self).pop("_compile_t0", None)
-        if t0 is not None:
-            self.say(f"kernels compiled in {time.perf_counter() - t0:.1f} s; later runs load "
-                     "them from numba's cache")
-
-    def epoch_start(self, epoch: int, num_samples: int) -> None:
-        self.compiled()  # the engine compiles before the first epoch starts
-        if self.quiet:
-            return
-        from tqdm import tqdm  # progress bars are a solved problem; tqdm solves it
-
-        self.bar = tqdm(total=num_samples, desc=f"epoch {epoch}/{self.epochs}", unit="sample",
-                        unit_scale=True, leave=False, file=sys.stderr, dynamic_ncols=True,
-                        disable=None)  # None: no bar when stderr is not a terminal
-        self._done = 0
-
-    def progress(self, samples_done: int, live: engine.Live) -> None:
-        if self.bar is None:
-            return
-        parts = [f"{live.updates_per_s:,.0f} upd/s"]
-        if live.y is not None:
-            parts.append(f"y={live.y}")
-        if live.m is not None:
-            parts.append(f"m={live.m}")
-        parts.append(f"mean tau {live.mean_tau:.2f}")
-        self.bar.set_postfix_str(", ".join(parts), refresh=False)
-        self.bar.update(samples_done - self._done)
-        self._done = samples_done
-
-    def epoch_end(self, r: engine.EpochRecord) -> None:
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
-        cut = "" if r.complete else "  (cut short by --time-budget)"
-        self.say(f"epoch {r.epoch:3d}  train loss {r.train_loss:.4f}  test acc "
-                 f"{100 * r.test_accuracy:6.2f}%  elapsed {r.wall_s:7.1f}s  "
-                 f"{r.samples_per_s:,.0f} samples/s{cut}")
-
-
-class Interrupts:
-    """SIGINT / SIGTERM: the first asks the run to stop at the workers' next
-    step and save; a second Ctrl-C exits at once."""
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-
-    def install(self) -> None:
-        signal.signal(signal.SIGINT, self._handle)
-        signal.signal(signal.SIGTERM, self._handle)
-
-    def _handle(self, signum: int, frame: object) -> None:
-        if self.signum is not None and signum == signal.SIGINT:
-            print("iasgd: interrupted again: exiting now without saving", file=sys.stderr)
-            os._exit(EXIT_SIGINT)
-        self.signum = signum
-        print("iasgd: stopping at the next step to save a checkpoint and the results "
-              "(Ctrl-C again quits at once)", file=sys.stderr, flush=True)
-
-    def reason(self) -> str | None:
-        return "interrupted" if self.signum is not None else None
-
-    def exit_code(self) -> int:
-        return EXIT_SIGTERM if self.signum == signal.SIGTERM else EXIT_SIGINT
+def run_options(args: argparse.Namespace) -> RunOptions:
+    """The RunOptions of the options, each field taken by name as train_config does."""
+    return RunOptions(**{f.name: getattr(args, f.name) for f in dataclasses.fields(RunOptions)})
 
 
 def default_checkpoint(out: str) -> str:
@@ -410,14 +384,12 @@ RESUME_MAY_CHANGE = {"epochs", "time_budget", "out", "quiet", "checkpoint", "che
 NOT_INHERITED = {"quiet"}
 
 
-def resumed_args(args: argparse.Namespace,
-                 argv: list[str]) -> tuple[argparse.Namespace, engine.Snapshot]:
-    """The saved run's options, with those RESUME_MAY_CHANGE taken from the
-    command line and its outputs (resumed_outputs), checked; and the
-    snapshot, checked against them. A resume that asks for another model,
-    dataset or training option is refused."""
+def resumed_values(args: argparse.Namespace, given: set[str]) -> tuple[dict, engine.Snapshot]:
+    """The saved run's option values, with those RESUME_MAY_CHANGE taken from
+    the command line and its outputs (resumed_outputs); and its snapshot. A
+    resume that asks for another model, dataset or training option is
+    refused."""
     saved, snapshot = checkpoints.load(args.resume)
-    given = {tok.split("=")[0][2:].replace("-", "_") for tok in argv if tok.startswith("--")}
     if "model" in given:  # compared in the spelling the saved run recorded
         args.model = canonical_model(args.model, saved.get("dataset", args.dataset), args.hidden)
     for name in sorted(given - RESUME_MAY_CHANGE):
@@ -433,16 +405,19 @@ def resumed_args(args: argparse.Namespace,
     merged.update(resumed_outputs(args, saved, given))
     if merged.get("hidden") is not None:
         merged["hidden"] = tuple(merged["hidden"])
-    merged = argparse.Namespace(**merged)
-    check_options(merged)
-    try:  # a user's own file: engine.train checks it, once the model is sized
-        if not own_data(merged):
-            engine.check_resume(models.build(merged.model, merged.dataset, hidden=merged.hidden),
-                                train_config(merged), snapshot)
-    except checkpoints.CheckpointError as e:
-        raise UsageError(f"--resume {args.resume}: {e}") from None
-    _check_work_left(merged, snapshot)
     return merged, snapshot
+
+
+def _check_resume(cfg: TrainConfig, opts: RunOptions, snapshot: engine.Snapshot) -> None:
+    """The snapshot fits the run (a user's own file: engine.train checks it,
+    once the model is sized) and leaves work to do."""
+    try:
+        if not own_data(opts.dataset):
+            engine.check_resume(models.build(opts.model, opts.dataset, hidden=opts.hidden),
+                                cfg, snapshot)
+    except checkpoints.CheckpointError as e:
+        raise UsageError(f"--resume {opts.resume}: {e}") from None
+    _check_work_left(cfg, opts, snapshot)
 
 
 def resumed_outputs(args: argparse.Namespace, saved: dict, given: set[str]) -> dict:
@@ -482,19 +457,19 @@ def _training_options(config: dict) -> dict:
     return {k: _comparable(v) for k, v in config.items() if k not in RESUME_MAY_CHANGE}
 
 
-def _check_work_left(args: argparse.Namespace, snapshot: engine.Snapshot) -> None:
+def _check_work_left(cfg: TrainConfig, opts: RunOptions, snapshot: engine.Snapshot) -> None:
     """A resume that would train nothing is refused: all --epochs done, or the
     --time-budget already spent (training seconds)."""
     meta = snapshot.meta
     done = meta.get("epoch", 1) - 1  # epochs finished; `epoch` is the next one to run
-    if done >= args.epochs:
-        raise UsageError(f"--resume {args.resume}: the run has finished {done} epochs, "
-                         f"--epochs is {args.epochs}; give --epochs more than {done} to "
+    if done >= cfg.epochs:
+        raise UsageError(f"--resume {opts.resume}: the run has finished {done} epochs, "
+                         f"--epochs is {cfg.epochs}; give --epochs more than {done} to "
                          "extend it")
     spent = meta.get("result", {}).get("train_time_s", 0.0) + meta.get("epoch_time", 0.0)
-    if args.time_budget is not None and spent >= args.time_budget:
-        raise UsageError(f"--resume {args.resume}: the run has trained {spent:.1f}s, "
-                         f"--time-budget is {args.time_budget:g}; give a larger --time-budget "
+    if cfg.time_budget is not None and spent >= cfg.time_budget:
+        raise UsageError(f"--resume {opts.resume}: the run has trained {spent:.1f}s, "
+                         f"--time-budget is {cfg.time_budget:g}; give a larger --time-budget "
                          "to continue it")
 
 
@@ -503,131 +478,167 @@ def _comparable(value: object) -> object:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command line `argv` (sys.argv's); returns the exit code."""
     argv = sys.argv[1:] if argv is None else argv
-    snapshot = None
+    handlers = {signum: signal.getsignal(signum) for signum in console.SIGNALS}
+    console.stop_by_exception()
     try:
-        args = parse_args(argv)
-        if args.resume:
-            args, snapshot = resumed_args(args, argv)
-        display = Display(args.quiet, args.epochs)
+        return _main(argv)
+    except console.Stopped as e:
+        error("stopped before training started; nothing was written")
+        return e.exit_code
+    finally:  # as they were (a caller's, in-process)
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+
+
+def _main(argv: list[str]) -> int:
+    try:
+        cfg, opts, snapshot = command_line(argv)
+        display = Display(opts.quiet, cfg.epochs)
         t0 = time.perf_counter()
-        data = datasets.load(args.dataset, args.data_dir, args.archive, progress=not args.quiet,
-                             test_fraction=args.test_fraction, layout=args.layout)
-        model = build_model(args, data)
-        init = export.load_weights(args.init, model) if args.init else None
-    except (UsageError, datasets.DataError, checkpoints.CheckpointError, ValueError) as e:
-        print(f"iasgd: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    try:
-        engine.check_data(model, data, train_config(args))
+        data = datasets.load(opts.dataset, opts.data_dir, opts.archive, progress=not opts.quiet,
+                             test_fraction=opts.test_fraction, layout=opts.layout)
+        model, opts = build_model(opts, data)
+        init = export.load_weights(opts.init, model) if opts.init else None
+        engine.check_data(model, data, cfg)
+        _check_memory(model, cfg)
     except ConfigError as e:
-        print(f"iasgd: error: {e.for_cli()}", file=sys.stderr)
+        error(f"error: {e.for_cli()}")
         return EXIT_USAGE
-    need, have = workspace_bytes(model, args), physical_memory_bytes()
-    if need > have:
-        print(f"iasgd: error: {args.threads} workers at --batch-size {args.batch_size} need "
-              f"{need / 2**30:.1f} GiB of workspace, more than this machine's "
-              f"{have / 2**30:.1f} GiB; use fewer --threads or a smaller --batch-size",
-              file=sys.stderr)
+    except (UsageError, datasets.DataError, checkpoints.CheckpointError, ValueError) as e:
+        error(f"error: {e}")
         return EXIT_USAGE
-    display.say(describe(args, model, data, time.perf_counter() - t0))
-    if not args.quiet:
+    display.say(describe(cfg, opts, model, data, time.perf_counter() - t0))
+    if not opts.quiet:
         plan = models.activation_plan(model.arch, model.layout, 1).table
-        seconds = precompile.compile_estimate(args.algo, plan, usable_cores(), args.simulate)
+        seconds = precompile.compile_estimate(cfg.algo, plan, usable_cores(), opts.simulate)
         if seconds:
-            display.compiling(seconds)
-    if args.simulate:
-        return simulate_and_report(args, model, data, display, init)
-    return train_and_report(args, model, data, display, snapshot, init)
+            display.compiling(compile_range(seconds, usable_cores()))
+    if opts.simulate:
+        return simulate_and_report(cfg, opts, model, data, display, init)
+    return train_and_report(cfg, opts, model, data, display, snapshot, init)
 
 
-def build_model(args: argparse.Namespace, data: datasets.Dataset) -> models.Model:
+def compile_range(seconds: int, cores: int) -> tuple[int, int]:
+    """What an estimate of `seconds` on idle `cores` may take now: up to as
+    much longer as the load of the last minute leaves fewer cores free."""
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    return seconds, max(seconds + 1, round(seconds * (1 + load / max(cores, 1))))
+
+
+def _check_memory(model: models.Model, cfg: TrainConfig) -> None:
+    need, have = workspace_bytes(model, cfg), physical_memory_bytes()
+    if need > have:
+        raise UsageError(f"{cfg.threads} workers at --batch-size {cfg.batch_size} need "
+                         f"{need / 2**30:.1f} GiB of workspace, more than this machine's "
+                         f"{have / 2**30:.1f} GiB; use fewer --threads or a smaller --batch-size")
+
+
+def build_model(opts: RunOptions, data: datasets.Dataset) -> tuple[models.Model, RunOptions]:
     """The run's model, sized for its dataset (a user's own file: for the
     images and classes it holds, its spec then recorded canonically)."""
-    if not own_data(args):
-        return models.build(args.model, args.dataset, hidden=args.hidden)
+    if not own_data(opts.dataset):
+        return models.build(opts.model, opts.dataset, hidden=opts.hidden), opts
     try:
-        model = models.build(args.model, None, input_shape=data.input_shape,
-                             num_classes=data.num_classes, hidden=args.hidden)
+        model = models.build(opts.model, None, input_shape=data.input_shape,
+                             num_classes=data.num_classes, hidden=opts.hidden)
     except ValueError as e:
-        raise UsageError(f"--model {args.model} on {data.name}: {e}") from None
-    if args.model not in models.MODELS:
-        args.model = model.spec
-    return model
+        raise UsageError(f"--model {opts.model} on {data.name}: {e}") from None
+    if opts.model not in models.MODELS:
+        opts = dataclasses.replace(opts, model=model.spec)
+    return model, opts
 
 
-def simulate_and_report(args: argparse.Namespace, model: models.Model, data: datasets.Dataset,
-                        display: Display, init: np.ndarray | None = None) -> int:
+def simulate_and_report(cfg: TrainConfig, opts: RunOptions, model: models.Model,
+                        data: datasets.Dataset, display: Display,
+                        init: np.ndarray | None = None) -> int:
     """--simulate: the run's staleness and loss from iasgd.executors.simulated; times simulated."""
-    precompile.compile_ahead(model, args.algo, None, usable_cores())  # the layer ops
-    measured = sim.measure_step_times(model, data, args.batch_size)
+    precompile.compile_ahead(model, cfg.algo, None, usable_cores())  # the layer ops
+    measured = sim.measure_step_times(model, data, cfg.batch_size)
     display.compiled()
-    if args.sim_step_spread is None:
+    if opts.sim_step_spread is None:
         step_time, how = sim.measured_steps(measured), "measured single-thread step times"
     else:
-        step_time = sim.lognormal_steps(float(measured.mean()), args.sim_step_spread)
-        how = f"lognormal, mean {1e3 * measured.mean():.2f} ms, spread {args.sim_step_spread}"
-    cores = args.sim_cores or args.threads
-    display.say(f"SIMULATED: {args.threads} workers on {cores} cores, step times {how}")
+        step_time = sim.lognormal_steps(float(measured.mean()), opts.sim_step_spread)
+        how = f"lognormal, mean {1e3 * measured.mean():.2f} ms, spread {opts.sim_step_spread}"
+    cores = opts.sim_cores or cfg.threads
+    display.say(f"SIMULATED: {cfg.threads} workers on {cores} cores, step times {how}")
     read_s, apply_s = sim.measure_sections(model)
-    costs = sim.Costs(contention=args.sim_contention, switch_s=args.sim_switch or 0.0,
-                      read_s=read_s, apply_s=apply_s, live_reads=not args.sim_snapshot_reads)
-    result = sim.simulate(model, data, train_config(args), step_time, cores=cores,
-                          quantum=args.sim_quantum, init=init, costs=costs)
+    costs = sim.Costs(contention=opts.sim_contention, switch_s=opts.sim_switch or 0.0,
+                      read_s=read_s, apply_s=apply_s, live_reads=not opts.sim_snapshot_reads)
+    result = sim.simulate(model, data, cfg, step_time, cores=cores, quantum=opts.sim_quantum,
+                          init=init, costs=costs)
     for record in result.epochs:
         display.epoch_end(record)
-    document = results.results_document(run_config(args), result, model.num_params)
+    document = results.results_document(run_config(cfg, opts), result, model.num_params)
     document["simulated"] = {"cores": cores, "step_times": how,
                              "step_time_mean_s": float(measured.mean()),
-                             "quantum_s": args.sim_quantum, "costs": dataclasses.asdict(costs),
+                             "quantum_s": opts.sim_quantum, "costs": dataclasses.asdict(costs),
                              "note": "wall times and throughput are simulated, not measured"}
-    files.write_json_atomic(args.out, document)
-    report(display, document, args.out)
-    return diverged_exit(result, args)
+    if not write_results(opts.out, document, None):
+        return EXIT_USAGE
+    report(display, document, opts.out)
+    return diverged_exit(result, cfg, opts)
 
 
-def workspace_bytes(model: models.Model, args: argparse.Namespace) -> int:
+def write_results(out: str, document: dict, checkpoint: str | None) -> bool:
+    """Write the results file; False, with one line saying so, if it cannot be
+    written (a full disk, a folder gone), where the checkpoint still is."""
+    try:
+        files.write_json_atomic(out, document)
+    except OSError as e:
+        kept = f"; the checkpoint is in {checkpoint}" if checkpoint else ""
+        error(f"error: cannot write the results to {out} ({e.strerror or e}){kept}")
+        return False
+    return True
+
+
+def workspace_bytes(model: models.Model, cfg: TrainConfig) -> int:
     """Memory of the workers' buffers: activations and their gradients (float32)
     plus a gradient and a parameter copy each."""
-    acts = model.plan(args.batch_size).acts_size
-    return args.threads * (8 * acts + 8 * model.num_params)
+    acts = model.plan(cfg.batch_size).acts_size
+    return cfg.threads * (8 * acts + 8 * model.num_params)
 
 
 def physical_memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def interval_text(args: argparse.Namespace) -> str:
+def interval_text(cfg: TrainConfig) -> str:
     """How the run sets y, for its first line (iasgd.schedules.interval_rule)."""
-    return S.interval_rule(train_config(args))
+    return S.interval_rule(cfg)
 
 
-def describe(args: argparse.Namespace, model: models.Model, data: datasets.Dataset,
+def describe(cfg: TrainConfig, opts: RunOptions, model: models.Model, data: datasets.Dataset,
              load_s: float) -> str:
-    algo = args.algo if args.threads == 1 else f"{args.algo} x {args.threads} threads"
-    if ALGORITHMS[args.algo].bound == "interval":
-        algo += f", {interval_text(args)}, gate {args.gate}"
-    if args.backend == "ray":
-        where = "a local Ray" if args.address is None else args.address
-        algo += (f"; on {args.nodes} Ray nodes ({where}), exchanging every {args.sync_every} "
+    algo = cfg.algo if cfg.threads == 1 else f"{cfg.algo} x {cfg.threads} threads"
+    if cfg.variant is not None and cfg.variant != cfg.algo:
+        algo = f"{cfg.variant} ({algo})"
+    if ALGORITHMS[cfg.algo].bound == "interval":
+        algo += f", {interval_text(cfg)}, gate {cfg.gate}"
+    if cfg.backend == "ray":
+        where = "a local Ray" if opts.address is None else opts.address
+        algo += (f"; on {cfg.nodes} Ray nodes ({where}), exchanging every {cfg.sync_every} "
                  "updates")
-        if ALGORITHMS[args.algo].bound == "interval":
-            algo += f", node interval {args.node_interval or args.nodes}, gate {args.node_gate}"
-    resumed = f"; resuming {args.resume}" if args.resume else ""
-    return (f"{args.model} ({model.num_params:,} parameters) on {args.dataset} "
+        if ALGORITHMS[cfg.algo].bound == "interval":
+            algo += f", node interval {cfg.node_interval or cfg.nodes}, gate {cfg.node_gate}"
+    resumed = f"; resuming {opts.resume}" if opts.resume else ""
+    return (f"{opts.model} ({model.num_params:,} parameters) on {opts.dataset} "
             f"({data.x_train.shape[0]:,} train / {data.x_test.shape[0]:,} test, loaded in "
-            f"{load_s:.1f}s); {algo}, b={args.batch_size}, lr={args.lr:g}, "
-            f"momentum={args.momentum:g}{resumed}")
+            f"{load_s:.1f}s); {algo}, b={cfg.batch_size}, lr={cfg.lr:g}, "
+            f"momentum={cfg.momentum:g}{resumed}")
 
 
-def train_and_report(args: argparse.Namespace, model: models.Model, data: datasets.Dataset,
-                     display: Display, snapshot: object, init: np.ndarray | None = None) -> int:
-    config = run_config(args)
-    checkpoint_path = args.checkpoint or default_checkpoint(args.out)
+def train_and_report(cfg: TrainConfig, opts: RunOptions, model: models.Model,
+                     data: datasets.Dataset, display: Display, snapshot: object,
+                     init: np.ndarray | None = None) -> int:
+    config = run_config(cfg, opts)
+    checkpoint_path = opts.checkpoint or default_checkpoint(opts.out)
     saved: list[str] = []
 
     def write_checkpoint(snap: engine.Snapshot) -> None:
-        if not args.no_checkpoint:
+        if not opts.no_checkpoint:
             checkpoints.save(checkpoint_path, config, snap)
             saved.append(checkpoint_path)
 
@@ -636,46 +647,49 @@ def train_and_report(args: argparse.Namespace, model: models.Model, data: datase
     hooks = engine.Hooks(display.epoch_start, display.progress, display.epoch_end,
                          should_stop=interrupts.reason, on_checkpoint=write_checkpoint)
     try:
-        result = engine.train(model, data, train_config(args), hooks, resume=snapshot,
-                              checkpoint_every=args.checkpoint_every, address=args.address,
+        result = engine.train(model, data, cfg, hooks, resume=snapshot,
+                              checkpoint_every=opts.checkpoint_every, address=opts.address,
                               init=init)
     except checkpoints.CheckpointError as e:  # an array the executor restores does not fit
-        print(f"iasgd: error: --resume {args.resume}: {e}", file=sys.stderr)
+        error(f"error: --resume {opts.resume}: {e}")
         return EXIT_USAGE
     except RuntimeError as e:  # a worker or every node failed; the others have stopped
         lost = getattr(e, "result", None)  # a cluster lost for good: its results so far
         if lost is not None:
             document = results.results_document(config, lost, model.num_params)
             document["checkpoint"] = saved[-1] if saved else None
-            files.write_json_atomic(args.out, document)
-        print(f"iasgd: error: {e}", file=sys.stderr)
+            write_results(opts.out, document, document["checkpoint"])
+        error(f"error: {e}")
         return getattr(e, "exit_code", EXIT_FAILED)  # a cluster never reached: 2
     document = results.results_document(config, result, model.num_params)
     document["checkpoint"] = saved[-1] if saved else None
-    files.write_json_atomic(args.out, document)
-    report(display, document, args.out)
+    if not write_results(opts.out, document, document["checkpoint"]):
+        return EXIT_USAGE
+    report(display, document, opts.out)
+    resume = f"python -m iasgd.run --resume {shlex.quote(checkpoint_path)}"
     if result.status == "interrupted":
-        where = (f"checkpoint in {checkpoint_path}, results so far in {args.out}; continue "
-                 f"with --resume {checkpoint_path}" if saved else
-                 f"results so far in {args.out} (no checkpoint: --no-checkpoint)")
-        print(f"iasgd: interrupted; {where}", file=sys.stderr)
+        where = (f"checkpoint in {checkpoint_path}, results so far in {opts.out}; continue "
+                 f"with: {resume}" if saved else
+                 f"results so far in {opts.out} (no checkpoint: --no-checkpoint)")
+        error(f"interrupted; {where}")
+        return interrupts.exit_code()
+    if interrupts.signum is not None:  # after the last step: the run is whole
+        error(f"interrupted as the run ended; its results are in {opts.out}")
         return interrupts.exit_code()
     if saved and result.diverged_at is None:
-        more = ("a larger --time-budget" if result.status == "time_budget"
-                else f"--epochs {2 * args.epochs}")
-        display.say(f"checkpoint in {checkpoint_path}; to train on: python -m iasgd.run "
-                    f"--resume {checkpoint_path} {more}")
-    return diverged_exit(result, args)
+        more = (f"--time-budget {2 * cfg.time_budget:g}" if result.status == "time_budget"
+                else f"--epochs {2 * cfg.epochs}")
+        display.say(f"checkpoint in {checkpoint_path}; to train on: {resume} {more}")
+    return diverged_exit(result, cfg, opts)
 
 
-def diverged_exit(result: engine.RunResult, args: argparse.Namespace) -> int:
+def diverged_exit(result: engine.RunResult, cfg: TrainConfig, opts: RunOptions) -> int:
     """EXIT_DIVERGED, with one line saying where, if the run diverged; else 0."""
     if result.diverged_at is None:
         return 0
     where = result.diverged_at
-    print(f"iasgd: diverged at epoch {where['epoch']}, step {where['step']}: the loss is "
-          f"not finite; try a smaller --lr (it was {args.lr:g}); results so far in "
-          f"{args.out}", file=sys.stderr)
+    error(f"diverged at epoch {where['epoch']}, step {where['step']}: the loss is not finite; "
+          f"try a smaller --lr (it was {cfg.lr:g}); results so far in {opts.out}")
     return EXIT_DIVERGED
 
 

@@ -13,7 +13,8 @@ import pytest
 
 from iasgd import options as O
 from iasgd import run
-from iasgd.config import TRAINING, TrainConfig
+from iasgd.algorithms import VARIANTS
+from iasgd.config import TRAINING, ConfigError, TrainConfig
 from iasgd.options import option
 
 CLASSES = (TrainConfig, run.RunOptions)
@@ -66,7 +67,8 @@ def test_parser_defaults_are_the_dataclass_defaults():
 
 
 def test_train_config_takes_every_field_and_drops_none():
-    args = run.build_parser().parse_args(["--lr", "0.1", "--y0", "8"])
+    args = run.build_parser().parse_args(["--lr", "0.1", "--algo", "interval", "--threads", "2",
+                                          "--interval-schedule", "decay", "--y0", "8"])
     cfg = run.train_config(args)
     assert cfg.lr == 0.1 and cfg.y0 == 8
     del args.node_gate
@@ -170,7 +172,7 @@ def docs_rows() -> dict[str, list[str]]:
     rows = {}
     for line in DOCS.read_text().splitlines():
         if line.startswith("| `--"):
-            cells = [cell.strip() for cell in line.strip("|").split("|", 2)]
+            cells = [cell.strip() for cell in line.strip("|").split("|", 3)]
             rows[cells[0].strip("`").split()[0]] = cells
     return rows
 
@@ -185,8 +187,148 @@ def test_docs_list_every_option_as_the_parser_has_it():
         if a.nargs != 0:
             usage += " " + (a.metavar or ("{" + ",".join(a.choices) + "}" if a.choices
                                           else a.dest.upper()))
-        option_cell, default_cell, _ = rows[a.option_strings[0]]
+        option_cell, default_cell, applies_cell, _ = rows[a.option_strings[0]]
         assert option_cell == f"`{usage}`"
         shown = shown_default(fields[a.dest])
         expected = "off" if a.nargs == 0 else shown or ""
         assert default_cell.replace("`", "") == expected, a.dest
+        rule = O.applies(fields[a.dest])
+        assert applies_cell == ("every run" if rule is None else O.as_flags(rule.words)), a.dest
+
+
+# The table walk: every option that is not for every run, set beside runs
+# where its rule holds and where it does not. A value for each, valid
+# wherever the option applies (on the command line, as text).
+SETTINGS = {"threads": "2", "interval": "8", "gate": "drop", "y0": "20", "y_min": "2",
+            "decay_every": "10", "decay_by": "2", "probe_offset": "8", "probe_step": "2",
+            "probe_steps": "10", "exec_steps": "10", "probe_loss_scale": "0.5",
+            "staleness_budget": "0.3", "loss_window": "10", "window": "4", "m0": "2",
+            "tail_amplitude": "0.5", "nodes": "3", "sync_every": "4", "node_interval": "3",
+            "node_gate": "drop", "interval_schedule": "decay", "threads_schedule": "window",
+            "lr_schedule": "inverse"}
+RUNS = [[], ["--algo", "hogwild", "--threads", "2"], ["--algo", "interval", "--threads", "2"],
+        *(["--algo", "interval", "--threads", "2", "--interval-schedule", schedule]
+          for schedule in ("decay", "probe", "follow-loss", "per-worker", "budget")),
+        ["--algo", "async", "--threads", "2", "--threads-schedule", "window"],
+        ["--algo", "hogwild", "--threads", "2", "--lr-schedule", "tail"],
+        ["--algo", "interval", "--threads", "2", "--backend", "ray"],
+        ["--algo", "hogwild", "--threads", "2", "--backend", "ray"]]
+TRAINING_RULES = {f.name: O.applies(f) for f in dataclasses.fields(TrainConfig) if O.applies(f)}
+
+
+def as_config(argv: list[str]) -> TrainConfig:
+    return run.train_config(run.build_parser().parse_args(argv))
+
+
+def test_every_option_with_a_rule_has_a_setting_to_walk():
+    assert set(TRAINING_RULES) == set(SETTINGS)
+
+
+@pytest.mark.parametrize("base", RUNS, ids=[" ".join(r) or "sequential" for r in RUNS])
+def test_each_training_option_is_refused_exactly_where_it_does_nothing(base, tmp_path,
+                                                                     monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    base_cfg = as_config(base)
+    for name, rule in TRAINING_RULES.items():
+        if name in run.given_options(base):
+            continue
+        argv = [*base, O.flag(name), SETTINGS[name]]
+        fields = {**{k: getattr(base_cfg, k) for k in run.given_options(base)},
+                  name: getattr(run.build_parser().parse_args(argv), name)}
+        message = f"applies to {rule.words} only"
+        if rule.test(base_cfg):
+            TrainConfig(**fields)  # the API takes it
+            cfg, _, _ = run.command_line(["--dataset", "synthetic", *argv])
+            assert getattr(cfg, name) == fields[name]
+        else:
+            with pytest.raises(ConfigError) as refused:
+                TrainConfig(**fields)
+            assert str(refused.value).startswith(f"{name} {O.as_fields(message)}")
+            with pytest.raises(run.UsageError) as refused:
+                run.command_line(["--dataset", "synthetic", *argv])
+            assert str(refused.value).startswith(f"{O.flag(name)} {O.as_flags(message)}")
+
+
+def test_a_given_flag_that_does_nothing_is_refused_even_at_its_default(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(run.UsageError, match="--gate applies to --algo interval only"):
+        run.command_line(["--dataset", "synthetic", "--algo", "hogwild", "--threads", "2",
+                          "--gate", "wait"])
+    assert TrainConfig(algo="hogwild", threads=2, gate="wait").gate == "wait"  # unseen there
+
+
+RUN_OPTION_CASES = [  # (flags, runs where they apply, runs where they do not)
+    (["--sim-cores", "2"], [["--simulate", "--algo", "hogwild", "--threads", "2"]], [[]]),
+    (["--sim-snapshot-reads"], [["--simulate", "--algo", "hogwild", "--threads", "2"]], [[]]),
+    (["--test-fraction", "0.2"], [["--dataset", "mine.npz"]], [["--dataset", "synthetic"]]),
+    (["--layout", "nhwc"], [["--dataset", "mine.npz"]], [["--dataset", "synthetic"]]),
+    (["--archive", "."], [["--dataset", "cifar10"]], [["--dataset", "synthetic"]]),
+    (["--hidden", "8"], [["--model", "mlp"]], [[]]),
+    (["--checkpoint-every", "1"], [[]], [["--simulate", "--algo", "hogwild", "--threads", "2"]]),
+    (["--no-checkpoint"], [[]], [["--simulate", "--algo", "hogwild", "--threads", "2"]]),
+    (["--address", "auto"], [["--backend", "ray", "--algo", "hogwild", "--threads", "2"]],
+     [[]]),
+]
+
+
+@pytest.mark.parametrize(("flags", "on", "off"), RUN_OPTION_CASES,
+                         ids=[c[0][0] for c in RUN_OPTION_CASES])
+def test_each_run_option_is_refused_exactly_where_it_does_nothing(flags, on, off, tmp_path,
+                                                                  monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    rule = O.applies({f.name: f for f in dataclasses.fields(run.RunOptions)}[
+        flags[0][2:].replace("-", "_")])
+    for base in on:
+        run.command_line(["--dataset", "synthetic", *base, *flags])
+    for base in off:
+        with pytest.raises(run.UsageError) as refused:
+            run.command_line(["--dataset", "synthetic", *base, *flags])
+        assert str(refused.value) == (f"{flags[0]} applies to {O.as_flags(rule.words)} only, "
+                                      "so it would do nothing here; drop it")
+
+
+def test_the_api_refuses_what_the_command_line_refuses():
+    for fields, field in [({"threads": 5000, "algo": "hogwild"}, "threads"),
+                          ({"seed": -3}, "seed"),
+                          ({"algo": "hogwild", "threads": 2, "gate": "drop"}, "gate")]:
+        with pytest.raises(ConfigError) as api:
+            TrainConfig(**fields)
+        argv = [x for k, v in fields.items() for x in (O.flag(k), str(v))]
+        with pytest.raises(run.UsageError) as cli:
+            run.command_line(["--dataset", "synthetic", *argv])
+        assert str(api.value).split()[0] == field
+        assert api.value.for_cli() == str(cli.value) or str(cli.value).startswith(
+            f"argument {O.flag(field)}")
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_a_variant_sets_its_fields_by_name_and_is_recorded(name, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    threads = [] if name == "sequential" else ["--threads", "4"]
+    cfg, opts, _ = run.command_line(["--dataset", "synthetic", "--variant", name, *threads])
+    for field, value in VARIANTS[name].items():
+        assert getattr(cfg, field) == value
+    assert TrainConfig(variant=name, threads=cfg.threads) == cfg
+    assert run.run_config(cfg, opts)["variant"] == name
+
+
+def test_a_flag_beside_a_variant_may_repeat_it_but_not_change_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    base = ["--dataset", "synthetic", "--variant", "interval-budget", "--threads", "8"]
+    cfg, _, _ = run.command_line([*base, "--lr-schedule", "tail", "--lr", "0.01"])
+    assert (cfg.lr_schedule, cfg.lr, cfg.interval) == ("tail", 0.01, 32)
+    for flags in (["--lr-schedule", "none"], ["--interval", "16"], ["--algo", "hogwild"]):
+        with pytest.raises(run.UsageError, match=f"{flags[0]} {flags[1]} contradicts it"):
+            run.command_line([*base, *flags])
+    with pytest.raises(ConfigError, match="lr_schedule inverse contradicts it"):
+        TrainConfig(variant="interval-budget", lr_schedule="inverse")
+
+
+def test_a_sweeps_knobs_apply_where_they_can():
+    from iasgd.config import config_where_it_applies
+
+    knobs = {"interval": 8, "gate": "drop", "staleness_budget": 0.3, "lr": 0.01}
+    assert config_where_it_applies(algo="hogwild", threads=2, **knobs) == TrainConfig(
+        algo="hogwild", threads=2, lr=0.01)
+    assert config_where_it_applies(algo="interval", threads=2, **knobs) == TrainConfig(
+        algo="interval", threads=2, interval=8, gate="drop", lr=0.01)

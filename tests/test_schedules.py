@@ -279,7 +279,7 @@ def test_per_worker_y_is_the_interval_times_the_active_workers_and_follows_them(
     assert control.new_gate()[G.Y] == 32 * 4
     # a thread window moves m; y follows it at the next look
     cfg = engine.TrainConfig(algo="interval", threads=16, threads_schedule="window", m0=8,
-                             interval_schedule="per-worker", interval=3, y_min=8)
+                             interval_schedule="per-worker", interval=3)
     control = S.Controllers(cfg, 100, RunResult(status=Status.COMPLETED))
     state = control.new_gate()
     assert state[G.Y] == 3 * state[G.M]
