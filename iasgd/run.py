@@ -310,6 +310,8 @@ def canonical_model(model: str, dataset: str, hidden: tuple[int, ...] | None) ->
 
 def _check_ray(opts: RunOptions) -> None:
     """--backend ray: Ray is installed and the cluster at --address answers."""
+    if opts.simulate:
+        raise UsageError("--simulate runs on this machine; drop --backend ray or --simulate")
     if importlib.util.find_spec("ray") is None:
         raise UsageError("--backend ray needs Ray, which is not installed: "
                          "pip install -e '.[ray]'")

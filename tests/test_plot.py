@@ -125,10 +125,9 @@ def test_same_labels_are_told_apart_by_what_differs():
 def test_real_and_simulated_runs_of_iasgd_run(tmp_path, capsys):
     """The documents python -m iasgd.run writes are what plot reads."""
     real, simulated = tmp_path / "real.json", tmp_path / "sim.json"
-    common = ["--dataset", "synthetic", "--epochs", "1", "--lr", "0.02", "--quiet",
-              "--no-checkpoint"]
+    common = ["--dataset", "synthetic", "--epochs", "1", "--lr", "0.02", "--quiet"]
     assert run.main([*common, "--algo", "interval", "--threads", "2", "--interval", "4",
-                     "--out", str(real)]) == 0
+                     "--no-checkpoint", "--out", str(real)]) == 0
     assert run.main([*common, "--simulate", "--algo", "hogwild", "--threads", "8",
                      "--out", str(simulated)]) == 0
     runs = plot.load(str(real)) + plot.load(str(simulated))

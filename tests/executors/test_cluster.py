@@ -15,6 +15,7 @@ import pytest
 
 from iasgd import data as datasets
 from iasgd import engine
+from iasgd.config import config_where_it_applies
 from iasgd.executors import cluster as C
 from iasgd.nn import models
 from iasgd.protocol import gate as G
@@ -24,7 +25,7 @@ P = 64  # parameters of the toy server runs
 
 def config(**kw) -> engine.TrainConfig:
     base = {"algo": "interval", "threads": 1, "backend": "ray", "nodes": 4, "sync_every": 2}
-    return engine.TrainConfig(**{**base, **kw})
+    return config_where_it_applies(**{**base, **kw})
 
 
 def push_many(server: C.ParameterServer, node: int, rounds: int, seed: int) -> list:

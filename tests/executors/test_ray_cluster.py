@@ -18,6 +18,7 @@ from ray.cluster_utils import Cluster  # noqa: E402
 
 from iasgd import data as datasets  # noqa: E402
 from iasgd import engine, run  # noqa: E402
+from iasgd.config import config_where_it_applies  # noqa: E402
 from iasgd.executors import ray_cluster as R  # noqa: E402
 from iasgd.nn import models  # noqa: E402
 
@@ -58,7 +59,7 @@ def problem():
 def config(**kw) -> engine.TrainConfig:
     base = {"algo": "interval", "backend": "ray", "nodes": 2, "threads": 2, "sync_every": 4,
             "batch_size": BATCH, "epochs": 2, "lr": 0.01, "interval": 3, "node_interval": 2}
-    return engine.TrainConfig(**{**base, **kw})
+    return config_where_it_applies(**{**base, **kw})
 
 
 @pytest.mark.parametrize("algo,gate", [("sync", "wait"), ("async", "wait"), ("hogwild", "wait"),

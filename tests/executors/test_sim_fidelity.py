@@ -19,6 +19,7 @@ import pytest
 
 from iasgd import data as datasets
 from iasgd import engine
+from iasgd.config import config_where_it_applies
 from iasgd.executors import simulated as sim
 from iasgd.nn import models
 
@@ -114,7 +115,7 @@ def test_at_the_budget_every_ticket_taken_is_applied_on_shared_cores(tiny, algo)
     most workers are in the middle of a step; every one of those steps is
     applied (the books balance) and the run ends once the last is."""
     model, data = tiny
-    cfg = engine.TrainConfig(algo=algo, threads=64, epochs=10, batch_size=4, interval=8,
+    cfg = config_where_it_applies(algo=algo, threads=64, epochs=10, batch_size=4, interval=8,
                              time_budget=0.1)
     r = sim.simulate(model, data, cfg, constant_steps(0.0015), cores=2)
     assert r.status == "time_budget" and not r.epochs[-1].complete
@@ -333,7 +334,7 @@ def test_the_costs_keep_the_books_and_the_interval_bound(tiny):
     model, data = tiny
     costs = sim.Costs(contention=0.05, switch_s=0.0002, read_s=0.0001, apply_s=0.0002)
     for algo in ("hogwild", "async", "interval"):
-        cfg = engine.TrainConfig(algo=algo, threads=24, epochs=2, batch_size=4, interval=6,
+        cfg = config_where_it_applies(algo=algo, threads=24, epochs=2, batch_size=4, interval=6,
                                  eval_every=150)
         r = sim.simulate(model, data, cfg, sim.lognormal_steps(0.001, 0.4), cores=3,
                          costs=costs)

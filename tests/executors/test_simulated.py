@@ -17,6 +17,7 @@ import pytest
 
 from iasgd import data as datasets
 from iasgd import engine
+from iasgd.config import config_where_it_applies
 from iasgd.executors import simulated as sim
 from iasgd.nn import models
 
@@ -292,7 +293,7 @@ def test_one_simulated_worker_trains_exactly_like_one_thread(algo):
     staleness records as a real thread, to the bit."""
     data = datasets.synthetic(seed=2, n_train=320, n_test=40)
     model = models.build("lenet", "synthetic")
-    cfg = engine.TrainConfig(algo=algo, threads=1, epochs=2, lr=0.02, interval=3, seed=7)
+    cfg = config_where_it_applies(algo=algo, threads=1, epochs=2, lr=0.02, interval=3, seed=7)
     real = engine.train(model, data, cfg)
     simulated = sim.simulate(model, data, cfg, sim.lognormal_steps(0.001, 0.1))
     assert simulated.params.tobytes() == real.params.tobytes()

@@ -13,6 +13,7 @@ import pytest
 from iasgd import data as datasets
 from iasgd import engine
 from iasgd.compiled import jit  # cached with iasgd's: it inlines the steps
+from iasgd.config import config_where_it_applies
 from iasgd.executors import threads
 from iasgd.executors.arrays import WorkerArrays
 from iasgd.nn import models
@@ -99,7 +100,7 @@ def test_interval_stress_32_threads_keeps_the_bound(tiny, y, gate):
 ])
 def test_liveness(tiny, algo, threads, y, gate):
     model, data = tiny
-    cfg = engine.TrainConfig(algo=algo, threads=threads, interval=y, gate=gate, epochs=2,
+    cfg = config_where_it_applies(algo=algo, threads=threads, interval=y, gate=gate, epochs=2,
                              batch_size=4, lr=0.05)
     result = train_with_timeout(model, data, cfg)
     check_accounting(result, cfg, engine.steps_per_epoch(TINY_N, 4))
@@ -171,7 +172,7 @@ def test_sync_has_zero_staleness(tiny):
 def test_parallel_algorithms_learn(algo):
     data = datasets.synthetic(seed=0, n_train=3000, n_test=300)
     model = models.build("lenet", "synthetic")
-    cfg = engine.TrainConfig(algo=algo, threads=3, interval=4, epochs=3, lr=0.02)
+    cfg = config_where_it_applies(algo=algo, threads=3, interval=4, epochs=3, lr=0.02)
     result = train_with_timeout(model, data, cfg)
     assert result.epochs[-1].test_accuracy >= 0.95
 
@@ -483,7 +484,7 @@ def test_every_read_sees_what_the_gate_promises(tiny, algo, gate):
     the counts are exact)."""
     model, data = tiny
     n = 4
-    cfg = engine.TrainConfig(algo=algo, threads=n, interval=1, gate=gate, lr=1.0, momentum=0.0,
+    cfg = config_where_it_applies(algo=algo, threads=n, interval=1, gate=gate, lr=1.0, momentum=0.0,
                              batch_size=4)
     control = Controllers(cfg, VISIBILITY_UPDATES, engine.RunResult(status="completed"))
     arrays = WorkerArrays(model, data, cfg, np.zeros(model.num_params, np.float32), control)
