@@ -6,10 +6,13 @@ run must start clean.
     python bench/interrupts.py --cold           ... each with an empty numba cache
     python bench/interrupts.py --moments 5 --until 3 --dataset cifar10 --archive A
 
-Each run trains in a folder of its own (its data cache there too, so that a
-registry dataset is converted in it); SIGINT goes to the run's whole process
-group, as a terminal sends it. Prints one row per moment and exits 1 if any
-moment ended otherwise. tests/test_console.py runs five fixed moments.
+Moments count from when iasgd takes over the signals, tens of milliseconds
+into the process (before that, Python's own start-up answers Ctrl-C, with a
+traceback, as it does for any program). Each run trains in a folder of its
+own (its data cache there too, so that a registry dataset is converted in
+it); SIGINT goes to the run's whole process group, as a terminal sends it.
+Prints one row per moment and exits 1 if any moment ended otherwise.
+tests/test_console.py runs five fixed moments.
 """
 
 from __future__ import annotations
@@ -30,12 +33,26 @@ sys.path.insert(0, str(ROOT))
 from iasgd import checkpoints  # noqa: E402
 
 
+def wait_until_iasgd_handles_signals(pid: int) -> None:
+    """Until process `pid` catches SIGTERM, which Python leaves alone and
+    iasgd/__init__.py takes first thing (/proc/PID/status's SigCgt mask):
+    before that, Python's own start-up answers Ctrl-C, as for any program."""
+    while True:
+        status = Path(f"/proc/{pid}/status").read_text()
+        if int(status.split("SigCgt:")[1].split()[0], 16) >> (signal.SIGTERM - 1) & 1:
+            return
+        time.sleep(0.001)
+
+
 def interrupted_run(folder: Path, seconds: float, argv: list[str], env: dict) -> dict:
     """Start a run in `folder`, Ctrl-C it after `seconds`; what it left."""
     cmd = [sys.executable, "-m", "iasgd.run", "--epochs", "1000", "--out",
            str(folder / "r.json"), "--data-dir", str(folder / "data"), *argv]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env, start_new_session=True, cwd=folder)
+    t0 = time.perf_counter()
+    wait_until_iasgd_handles_signals(proc.pid)
+    startup = time.perf_counter() - t0
     time.sleep(seconds)
     os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=600)
@@ -46,8 +63,9 @@ def interrupted_run(folder: Path, seconds: float, argv: list[str], env: dict) ->
         checkpoints.load(str(folder / "r.ckpt.h5"))  # raises if half-written
     ok = (proc.returncode == 130 and "Traceback" not in err and bool(lines)
           and lines[-1].startswith("iasgd: ") and not leftovers)
-    return {"seconds": seconds, "code": proc.returncode, "last": lines[-1] if lines else "",
-            "checkpoint": saved, "leftovers": leftovers, "ok": ok}
+    return {"seconds": seconds, "startup": startup, "code": proc.returncode,
+            "last": lines[-1] if lines else "", "checkpoint": saved, "leftovers": leftovers,
+            "ok": ok}
 
 
 def main() -> int:
@@ -70,7 +88,8 @@ def main() -> int:
                 env["NUMBA_CACHE_DIR"] = str(folder / "numba")
             row = interrupted_run(folder, seconds, run_argv, env)
             failed += not row["ok"]
-            print(f"{seconds:6.2f} s  exit {row['code']}  "
+            print(f"{seconds:6.2f} s (after {1e3 * row['startup']:3.0f} ms of Python's start-up)"
+                  f"  exit {row['code']}  "
                   f"{'checkpoint' if row['checkpoint'] else 'nothing saved':13}  "
                   f"{'ok' if row['ok'] else 'FAILED'}  {row['last']}", flush=True)
         clean = subprocess.run([sys.executable, "-m", "iasgd.run", *run_argv, "--epochs", "1",

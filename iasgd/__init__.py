@@ -21,7 +21,17 @@ protocol, `engine.train`, and the entry points `python -m iasgd.run` and
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import TYPE_CHECKING, Any
+
+# `python -m iasgd.run` imports this package first, then compiles and runs
+# the command: Ctrl-C from here on is one line, not a traceback
+# (iasgd.console). Only for that command: a library leaves signals alone.
+_argv = getattr(sys, "orig_argv", [])
+if "-m" in _argv and _argv[_argv.index("-m") + 1:][:1] == ["iasgd.run"]:
+    from iasgd import console
+
+    console.exit_quietly_while_importing()
 
 # Where each name of the API lives. They load on first use, so that
 # `python -m iasgd.run` can set up its Ctrl-C handling before numba loads.

@@ -8,13 +8,6 @@ made) and a RunOptions.
 
 from __future__ import annotations
 
-# Ctrl-C while the modules below load (a second or more) is one line, not a
-# traceback: the handler goes in before they are imported.
-from iasgd import console
-
-if __name__ == "__main__":
-    console.exit_quietly_while_importing()
-
 import argparse
 import dataclasses
 import importlib.util
@@ -30,7 +23,7 @@ from typing import NoReturn
 
 import numpy as np
 
-from iasgd import checkpoints, engine, export, files, results
+from iasgd import checkpoints, console, engine, export, files, results
 from iasgd import data as datasets
 from iasgd import options as O
 from iasgd import schedules as S

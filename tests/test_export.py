@@ -385,7 +385,7 @@ def test_the_safetensors_string_map_rebuilds_the_network(cases, tmp_path):
 
 
 @pytest.mark.parametrize(("suffix", "blocked", "install"), [
-    (".pt", "torch", "pip install torch"),
+    (".pt", "torch", "pip install torch --index-url https://download.pytorch.org/whl/cpu"),
     (".safetensors", "safetensors", "pip install safetensors"),
 ])
 def test_a_missing_package_says_what_to_install(cases, tmp_path, monkeypatch, capsys,
@@ -402,3 +402,14 @@ def test_a_missing_package_says_what_to_install(cases, tmp_path, monkeypatch, ca
     assert [p.name for p in tmp_path.iterdir()] == [to.name]
     # the other formats do not need it (npz: numpy only)
     assert export.main([str(cases["lenet"].path), "--to", str(tmp_path / "m.npz")]) == 0
+
+
+def test_a_missing_torch_names_its_cpu_build(monkeypatch):
+    def no_torch(name):
+        raise ImportError(name)
+
+    monkeypatch.setattr(export.importlib, "import_module", no_torch)
+    with pytest.raises(export.ExportError) as missing:
+        export._require("torch", "a .pt file")
+    assert str(missing.value).endswith(
+        "pip install torch --index-url https://download.pytorch.org/whl/cpu")

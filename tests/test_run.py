@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -512,3 +513,46 @@ def test_a_cluster_runs_summary_shows_both_staleness_levels(capsys):
 def test_the_first_line_says_how_y_is_set(argv, text):
     args = run.build_parser().parse_args(["--algo", "interval", "--threads", "4", *argv])
     assert run.interval_text(run.train_config(args)) == text
+
+
+def test_help_defines_the_terms_it_uses(capsys):
+    with pytest.raises(SystemExit):
+        run.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "follow-loss (y shrinks with the smoothed training loss against loss_first, its " \
+           "value at the end of epoch 1" in text
+    assert "beta = 2 ln(1 + (n+1)/2) / (n+1)" in text
+    assert "--loss-window STEPS probe, follow-loss and the thread window:" in text
+    assert "interval-budget: --algo interval --interval-schedule budget" in text
+
+
+def test_a_time_budget_runs_closing_hint_is_a_command_that_runs(tmp_path, capsys,
+                                                                 monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert run.main(["--dataset", "synthetic", "--epochs", "50", "--time-budget", "0.3"]) == 0
+    hint = capsys.readouterr().out.splitlines()[-1]
+    command = hint.split("to train on: ")[1]
+    argv = shlex.split(command)
+    assert argv[:3] == ["python", "-m", "iasgd.run"]
+    assert argv[3:] == ["--resume", "results.ckpt.h5", "--time-budget", "0.6"]
+    assert run.main([*argv[3:], "--quiet"]) == 0
+    assert json.loads((tmp_path / "results.json").read_text())["train_time_s"] >= 0.3
+
+
+def test_a_variant_run_is_recorded_and_resumes_as_itself(tmp_path, capsys):
+    out = tmp_path / "v.json"
+    assert run.main(["--dataset", "synthetic", "--epochs", "1", "--quiet", "--variant",
+                     "interval-budget", "--threads", "4", "--out", str(out)]) == 0
+    config = json.loads(out.read_text())["config"]
+    assert config["variant"] == "interval-budget"
+    assert (config["algo"], config["interval_schedule"], config["interval"]) == (
+        "interval", "budget", 32)
+    assert run.main(["--resume", str(tmp_path / "v.ckpt.h5"), "--epochs", "2", "--quiet"]) == 0
+    assert json.loads(out.read_text())["config"]["variant"] == "interval-budget"
+
+
+def test_the_compile_estimate_grows_with_the_load(monkeypatch):
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    assert run.compile_range(8, 2) == (8, 9)
+    monkeypatch.setattr(os, "getloadavg", lambda: (2.0, 0.0, 0.0))
+    assert run.compile_range(8, 2) == (8, 16)
