@@ -41,6 +41,13 @@ NODE_MONITOR_TESTS = (
     "tests/executors/test_cluster.py::test_the_server_counts_every_push_outside_its_interval"
     "_or_bound",)
 
+# a resume against the run never stopped (one thread), and the arrays restored (4 threads)
+RESUME_TESTS = (
+    "tests/executors/test_resume.py::test_a_one_thread_resume_is_bit_identical_to_the_run_never"
+    "_stopped",
+    "tests/executors/test_resume.py::test_a_threaded_resume_starts_from_every_array_the_snapshot"
+    "_holds")
+
 
 # apply_step's write and the gate steps around it, which the visibility
 # mutants reorder
@@ -195,6 +202,14 @@ MUTANTS = [
            "the parameter server's check lets tau_node = y pass (off by one)",
            "iasgd/executors/cluster.py",
            "tau > int(s[G.Y]) - 1:", "tau > int(s[G.Y]):", NODE_MONITOR_TESTS),
+    # what a resume restores
+    Mutant("resume-drops-momentum",
+           "a threaded run's resume starts the momentum (velocity) again from zero instead "
+           "of restoring it",
+           "iasgd/executors/threads.py",
+           "            getattr(team, name)[...] = snap.arrays[name]\n",
+           "            getattr(team, name)[...] = snap.arrays[name]\n"
+           "        team.velocity[:] = 0.0\n", RESUME_TESTS),
 ]
 
 
