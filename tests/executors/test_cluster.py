@@ -96,6 +96,46 @@ def test_a_gate_that_admits_without_slots_is_caught():
     assert st["violations"] > 0 and st["max"] > st["bound"]
 
 
+@pytest.mark.parametrize("gate", ["wait", "drop"])
+def test_the_server_counts_every_push_outside_its_interval_or_bound(gate):
+    """The server's run-time check of the cluster gate, push by push: a push
+    with tau_node = y - 1 inside its interval is not counted (the exact
+    bound), one with tau_node = y is, and (wait policy, where the pull's slot
+    says the interval) so is one whose slot is of an interval that is over.
+    Bases older than the gate allows, and the stale slot, are planted: a
+    correct gate never makes them."""
+    y = 3
+    server = C.ParameterServer(np.zeros(P, np.float32),
+                               config(nodes=3, node_interval=y, node_gate=gate))
+    server.allow(100)
+
+    def pull(node: int) -> C.Reply:
+        return server.exchange(C.Push(node, None, 0, 0, -1), 1)
+
+    def push(node: int, reply: C.Reply, v_base: int) -> int:
+        """Push the node's one update against a base at version v_base (and
+        hold no ticket after it: no slot is taken); returns the violations."""
+        after = server.exchange(C.Push(node, np.ones(P, np.float32), reply.granted, v_base,
+                                       reply.gen), 0)
+        assert after.applied
+        return server.summary()["node_staleness"]["violations"]
+
+    pulls = [pull(node) for node in range(3)]  # interval 0, V = 0
+    assert [(r.version, r.gen) for r in pulls] == [(0, 0)] * 3
+    # tau_node 0, 1 and 2 = y - 1: the last completes interval 0
+    assert [push(node, r, 0) for node, r in enumerate(pulls)] == [0, 0, 0]
+    s = server.summary()
+    assert s["intervals"] == 1 and s["node_staleness"]["hist"] == [1, 1, 1]
+    again = pull(0)  # interval 1, V = 3
+    assert (again.version, again.gen) == (3, 1)
+    assert push(0, again, again.version - y) == 1  # tau_node = y
+    if gate == "wait":
+        late = pull(1)  # V = 4
+        server.slot[1] = 0  # its slot is of interval 0, which is over
+        assert push(1, late, late.version) == 2  # tau_node 0, but outside its interval
+    assert server.snapshot()[1]["violations"] == (2 if gate == "wait" else 1)
+
+
 def test_sync_applies_the_mean_of_one_push_per_node_per_round():
     init = np.zeros(P, np.float32)
     server = C.ParameterServer(init, config(algo="sync", nodes=3))

@@ -33,6 +33,21 @@ ORDERING_TESTS = (
     "tests/protocol/test_atomics.py::test_atomics_are_emitted_sequentially_consistent",
     "tests/protocol/test_atomics.py::test_stores_are_sequentially_consistent")
 
+# the run-time monitors of the bound, each driven on a hand-built gate state
+WORKER_MONITOR_TESTS = (
+    "tests/protocol/test_workers.py::test_the_monitor_counts_every_apply_outside_its_interval"
+    "_or_bound",)
+NODE_MONITOR_TESTS = (
+    "tests/executors/test_cluster.py::test_the_server_counts_every_push_outside_its_interval"
+    "_or_bound",)
+
+# a resume against the run never stopped (one thread), and the arrays restored (4 threads)
+RESUME_TESTS = (
+    "tests/executors/test_resume.py::test_a_one_thread_resume_is_bit_identical_to_the_run_never"
+    "_stopped",
+    "tests/executors/test_resume.py::test_a_threaded_resume_starts_from_every_array_the_snapshot"
+    "_holds")
+
 
 # apply_step's write and the gate steps around it, which the visibility
 # mutants reorder
@@ -167,6 +182,34 @@ MUTANTS = [
            "load may be reordered, which loses wake-ups",
            "iasgd/protocol/atomics.py",
            '_ORDER = "seq_cst"', '_ORDER = "monotonic"', ORDERING_TESTS),
+    # the run-time monitors, which every other test sees report 0 violations
+    Mutant("worker-monitor-never-counts",
+           "an interval apply outside its interval or past y - 1 is never counted "
+           "(bound_violations stays 0 whatever the staleness)",
+           "iasgd/protocol/workers.py",
+           "            own.counters[VIOLATIONS] += 1\n", "            pass\n",
+           WORKER_MONITOR_TESTS),
+    Mutant("node-monitor-never-counts",
+           "the parameter server never counts a push outside its interval or past y - 1",
+           "iasgd/executors/cluster.py",
+           "                self.violations += 1\n", "                pass\n", NODE_MONITOR_TESTS),
+    Mutant("worker-monitor-allows-tau-y",
+           "the run-time check of an interval apply lets tau = y pass (off by one)",
+           "iasgd/protocol/workers.py",
+           "tau > atomic_load(state, G.Y) - 1:", "tau > atomic_load(state, G.Y):",
+           WORKER_MONITOR_TESTS),
+    Mutant("node-monitor-allows-tau-y",
+           "the parameter server's check lets tau_node = y pass (off by one)",
+           "iasgd/executors/cluster.py",
+           "tau > int(s[G.Y]) - 1:", "tau > int(s[G.Y]):", NODE_MONITOR_TESTS),
+    # what a resume restores
+    Mutant("resume-drops-momentum",
+           "a threaded run's resume starts the momentum (velocity) again from zero instead "
+           "of restoring it",
+           "iasgd/executors/threads.py",
+           "            getattr(team, name)[...] = snap.arrays[name]\n",
+           "            getattr(team, name)[...] = snap.arrays[name]\n"
+           "        team.velocity[:] = 0.0\n", RESUME_TESTS),
 ]
 
 

@@ -20,6 +20,7 @@ from iasgd.nn import models
 from iasgd.protocol import gate as G
 from iasgd.protocol import workers as W
 from iasgd.protocol.atomics import atomic_store, cpu_relax
+from iasgd.results import summarize
 from iasgd.schedules import Controllers
 
 TIMEOUT_S = 120
@@ -510,3 +511,60 @@ def test_every_read_sees_what_the_gate_promises(tiny, algo, gate):
     written = int(arrays.state[G.VERSION])
     assert written == arrays.total(W.APPLIED) == VISIBILITY_UPDATES
     assert arrays.params[0] == arrays.params[-1] == written
+
+
+# ---------------------------------------------- the run-time monitor itself
+
+
+@jit
+def _apply_one(gen, v_read, plan, shared, own):
+    """apply_step of a step read at V = v_read in interval `gen` (zero gradient)."""
+    return W.apply_step(gen, v_read, 0.0, plan, shared, own)
+
+
+@pytest.mark.parametrize("gate", ["wait", "drop"])
+def test_the_monitor_counts_every_apply_outside_its_interval_or_bound(tiny, gate):
+    """Every interval apply is checked at run time (W.VIOLATIONS, reported as
+    bound_violations): one with tau = y - 1 inside its interval is not
+    counted (the exact bound), one with tau = y is, and so (wait policy,
+    where nothing but the monitor looks at the generation at apply) is one
+    read in an interval that is over. The gate's state is built by hand,
+    the step is the compiled apply_step."""
+    model, data = tiny
+    y = 3
+    cfg = engine.TrainConfig(algo="interval", threads=1, interval=y, gate=gate, batch_size=4)
+    control = Controllers(cfg, 100, engine.RunResult(status="completed"))
+    arrays = WorkerArrays(model, data, cfg, np.zeros(model.num_params, np.float32), control)
+    state, own = arrays.state, arrays.own[0]
+    own.grad[:] = 0.0
+    G.allow(state, 100)
+
+    def apply(tau: int, gen_at_read: int) -> int:
+        """One apply in interval 7 (one slot of it taken, for this step:
+        the wait policy takes it before the read, drop claims it at
+        commit), V at 100; returns the violations it added."""
+        state[G.GEN_TAKEN] = (7 << 32) | (gate == "wait")
+        state[G.APPLIED] = 0
+        state[G.VERSION] = 100
+        before = int(own.counters[W.VIOLATIONS])
+        assert _apply_one(gen_at_read, 100 - tau, arrays.plan, arrays.shared, own) == 1
+        assert state[G.VERSION] == 101 and own.counters[W.TAU_MAX] >= tau  # it was applied
+        return int(own.counters[W.VIOLATIONS]) - before
+
+    assert apply(0, 7) == 0
+    assert apply(y - 1, 7) == 0  # the bound itself
+    assert apply(y, 7) == 1  # one past it
+    assert apply(5 * y, 7) == 1
+    if gate == "wait":  # drop drops an update of an interval that is over (below)
+        assert apply(0, 6) == 1
+        assert apply(y - 1, 6) == 1
+    else:
+        state[G.GEN_TAKEN] = 7 << 32
+        dropped = int(own.counters[W.DROPPED])
+        assert _apply_one(6, 100, arrays.plan, arrays.shared, own) == 0
+        assert own.counters[W.DROPPED] == dropped + 1
+    expected = 4 if gate == "wait" else 2
+    assert arrays.total(W.VIOLATIONS) == expected
+    result = engine.RunResult(status="completed")
+    summarize(result, "interval", arrays.counters, state, arrays.run_hist, arrays.probe)
+    assert result.bound_violations == expected  # what a run reports
