@@ -135,6 +135,11 @@ def checkpoint_model(path: str | Path) -> tuple[Model, np.ndarray, dict]:
     if dataset is None and (shape is None or classes is None):
         raise ExportError(f"checkpoint {path} names neither its dataset nor its input shape "
                           "and class count")
+    if (shape is None or classes is None) and dataset not in models.DATASET_SHAPES:
+        raise ExportError(f"checkpoint {path} does not record the input shape and class "
+                          f"count of its model, trained on your file {dataset} by an older "
+                          "iasgd: resume it with this one (--resume with more --epochs), "
+                          "which records them, or train it again")
     hidden = config.get("hidden")
     try:
         model = models.build(

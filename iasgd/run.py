@@ -553,6 +553,8 @@ def build_model(args: argparse.Namespace, data: datasets.Dataset) -> models.Mode
         raise UsageError(f"--model {args.model} on {data.name}: {e}") from None
     if args.model not in models.MODELS:
         args.model = model.spec
+    # recorded (results, checkpoint): the model rebuilds from them without the file
+    args.input_shape, args.num_classes = list(model.input_shape), model.num_classes
     return model
 
 
