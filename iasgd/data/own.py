@@ -39,6 +39,10 @@ _CHANNEL_COUNTS = (1, 3)
 # converted without a second full-size float temporary.
 _CHUNK_ELEMENTS = 1 << 22
 _FORMAT_HINT = "np.savez(path, x_train=..., y_train=...) (see docs/data.md)"
+# How np.load tells an .npz (a zip archive) and an .npy from what it takes for a pickle.
+_ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")
+_NPY_MAGIC = b"\x93NUMPY"
+_PICKLE_PROTO = 0x80  # the first byte of a pickle of protocol 2 or later
 
 
 def is_own_file(name: str) -> bool:
@@ -235,9 +239,33 @@ def check_path(path: str | Path) -> Path:
 # --------------------------------------------------------------------------------------
 
 
+def _check_npz_header(path: Path) -> None:
+    """DataError unless the file starts like an .npz (a zip) or an .npy: numpy takes
+    anything else for a pickle and answers with its advice to load it unsafely, the
+    opposite of what iasgd does with a data file."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(_NPY_MAGIC))
+    except OSError as error:
+        raise DataError(f"cannot read {path} ({one_line(error)}): check that it is a "
+                        "readable file") from error
+    if head.startswith(_ZIP_MAGICS) or head.startswith(_NPY_MAGIC):
+        return
+    if not head:
+        raise DataError(f"{path} is empty, not an .npz archive of arrays: save the arrays "
+                        f"with {_FORMAT_HINT}")
+    if head[0] == _PICKLE_PROTO:
+        raise DataError(f"{path} holds pickled Python objects, which iasgd never loads (a "
+                        "pickle can run code), not an .npz archive of arrays: save plain "
+                        f"numeric arrays with {_FORMAT_HINT}")
+    raise DataError(f"{path} is not an .npz archive of arrays (not a zip file: a text file, "
+                    f"or another format renamed .npz?): save the arrays with {_FORMAT_HINT}")
+
+
 def _read_npz(path: Path) -> tuple[dict[str, np.ndarray], list[str], str | None]:
     """The arrays of _KEYS in an .npz, its member names and its 'layout' entry (or None)."""
     corrupt = (f"it is not an .npz archive or it is corrupt; write it with {_FORMAT_HINT}")
+    _check_npz_header(path)
     try:
         # allow_pickle=False: a pickle can run code, and images and labels need none.
         loaded = np.load(path, allow_pickle=False)
