@@ -22,6 +22,7 @@ import hashlib
 import http.client
 import json
 import os
+import re
 import sys
 import urllib.error
 import urllib.request
@@ -96,7 +97,12 @@ def load(name: str | Path, data_dir: str | Path | None = None, archive: str | Pa
         origin = sources[0] if len(sources) == 1 else f"{sources[0].parent}/"
         print(f"iasgd: converting {name} from {origin} to {cache} (only once)",
               file=sys.stderr)
-    dataset = _parse_sources(spec, sources)
+    try:
+        dataset = _parse_sources(spec, sources)
+    except DataError as error:
+        if archive is None:  # the official files, found or downloaded: re-download them
+            raise
+        raise _not_the_archive(spec, archive, error) from error
     h5cache.write_or_warn(cache, dataset, h5cache.sha256_of_files(sources),
                           h5cache.fingerprint(sources))
     return dataset
@@ -135,6 +141,16 @@ def _load_own_file(path: Path, data_dir: str | Path | None, archive: str | Path 
         print(f"iasgd: {summary} (cached in {cache})", file=sys.stderr)
     h5cache.write_or_warn(cache, dataset, source_sha256, source_fingerprint, conversion)
     return dataset
+
+
+def _not_the_archive(spec: DatasetSpec, archive: str | Path, error: DataError) -> DataError:
+    """The error of an archive the user gave that the parser refused: the parser's reason
+    without its advice to re-download (the user supplied the file; nothing was downloaded)."""
+    reason = re.sub(r"[;:,]?\s*re-download\b.*$", "", str(error))
+    kind = "archive" if spec.source == "archive" else "directory"
+    return DataError(f"{Path(archive).expanduser()}, the archive given, is not a valid "
+                     f"{spec.name} {kind} ({reason}): check the path, or give the "
+                     f"{spec.files_label}")
 
 
 def _parse_sources(spec: DatasetSpec, sources: Sequence[Path]) -> Dataset:
