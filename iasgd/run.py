@@ -512,7 +512,8 @@ def main(argv: list[str] | None = None) -> int:
         display = Display(args.quiet, args.epochs)
         t0 = time.perf_counter()
         data = datasets.load(args.dataset, args.data_dir, args.archive, progress=not args.quiet,
-                             test_fraction=args.test_fraction, layout=args.layout)
+                             test_fraction=args.test_fraction, layout=args.layout,
+                             batch_size=args.batch_size)  # too large: no cache written
         model = build_model(args, data)
         init = export.load_weights(args.init, model) if args.init else None
     except (UsageError, datasets.DataError, checkpoints.CheckpointError, ValueError) as e:

@@ -230,3 +230,25 @@ def test_an_older_checkpoint_of_a_file_says_what_to_do(tmp_path, capsys):
     assert str(mine.resolve()) in err and "--resume" in err
     assert run.main(["--quiet", "--resume", str(checkpoint), "--epochs", "2"]) == 0
     assert export.main([str(checkpoint), "--to", str(tmp_path / "m.npz")]) == 0
+
+
+def test_a_batch_larger_than_the_file_is_refused_before_any_cache_is_written(tmp_path, capsys):
+    """Issue 41, item 4c: --batch-size beyond a file's training images is one line and exit
+    2, and leaves no cache of the file behind; a batch that fits caches it as ever."""
+    import h5py
+
+    rng = np.random.default_rng(0)
+    mine = tmp_path / "mine.h5"
+    with h5py.File(mine, "w") as f:
+        f["x_train"] = rng.integers(0, 256, (100, 8, 8), dtype=np.uint8)
+        f["y_train"] = np.arange(100) % 3
+    cache = tmp_path / "cache"
+    code, doc = cli(tmp_path, "--dataset", str(mine), "--model", "mlp", "--hidden", "8",
+                    "--batch-size", "5000", "--epochs", "1")
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and doc is None
+    assert len(err.splitlines()) == 1 and "--batch-size 5000" in err, err
+    assert not cache.exists() or not any(cache.iterdir()), list(cache.iterdir())
+    code, _ = cli(tmp_path, "--dataset", str(mine), "--model", "mlp", "--hidden", "8",
+                  "--batch-size", "16", "--epochs", "1")
+    assert code == 0 and len(list(cache.glob("mine.h5.*.h5"))) == 1

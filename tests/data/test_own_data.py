@@ -499,6 +499,19 @@ def test_pickle_renamed_npz_and_unused_object_member_run_nothing(tmp_path: Path)
 # --------------------------------------------------------------------------------------
 
 
+def test_no_cache_for_a_batch_larger_than_the_training_split(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 41, item 4c: a run refuses a batch larger than the training split, so a load
+    for it writes no cache (and says so); one that fits caches the file."""
+    path = write(tmp_path / "m.h5", x_train=_x(), y_train=_y())  # 9 train, 1 held out
+    cache = tmp_path / "cache"
+    dataset = data.load(path, data_dir=cache, batch_size=10)
+    assert len(dataset.x_train) == 9 and not cache.exists()
+    assert "not cached: fewer training images than the batch size 10" in capsys.readouterr().err
+    data.load(path, data_dir=cache, batch_size=9, progress=False)
+    assert len(list(cache.glob("m.h5.*.h5"))) == 1
+
+
 def test_cache_is_named_after_file_and_path_and_spares_reading(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     x, y = reference()
