@@ -252,3 +252,16 @@ def test_a_batch_larger_than_the_file_is_refused_before_any_cache_is_written(tmp
     code, _ = cli(tmp_path, "--dataset", str(mine), "--model", "mlp", "--hidden", "8",
                   "--batch-size", "16", "--epochs", "1")
     assert code == 0 and len(list(cache.glob("mine.h5.*.h5"))) == 1
+
+
+def test_a_file_saved_as_x_and_y_trains(tmp_path):
+    """Issue 41, item 9: np.savez(f, x=..., y=...), the most common spelling, trains, with a
+    held-out test split."""
+    rng = np.random.default_rng(0)
+    mine = tmp_path / "xy.npz"
+    np.savez(mine, x=rng.integers(0, 256, (120, 8, 8), dtype=np.uint8), y=np.arange(120) % 3)
+    code, doc = cli(tmp_path, "--dataset", str(mine), "--model", "mlp", "--hidden", "8",
+                    "--epochs", "1", "--batch-size", "8")
+    assert code == 0 and doc["config"]["num_classes"] == 3
+    assert doc["epochs"][0]["test_accuracy"] is not None
+    assert data.load(mine, tmp_path / "cache", progress=False).x_test.shape == (12, 1, 8, 8)
