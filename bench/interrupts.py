@@ -76,8 +76,8 @@ def main() -> int:
     p.add_argument("--cold", action="store_true", help="each run with an empty numba cache")
     args, run_argv = p.parse_known_args()
     run_argv = run_argv or ["--dataset", "synthetic"]
-    moments = sorted(random.Random(args.seed).uniform(0, args.until)
-                     for _ in range(args.moments))
+    rng = random.Random(args.seed)
+    moments = sorted(rng.uniform(0, args.until) for _ in range(args.moments))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     failed = 0
     with tempfile.TemporaryDirectory() as tmp:
@@ -91,7 +91,7 @@ def main() -> int:
             print(f"{seconds:6.2f} s (after {1e3 * row['startup']:3.0f} ms of Python's start-up)"
                   f"  exit {row['code']}  "
                   f"{'checkpoint' if row['checkpoint'] else 'nothing saved':13}  "
-                  f"{'ok' if row['ok'] else 'FAILED'}  {row['last']}", flush=True)
+                  f"{'ok' if row['ok'] else 'FAILED'}  {row['last'][:72]}", flush=True)
         clean = subprocess.run([sys.executable, "-m", "iasgd.run", *run_argv, "--epochs", "1",
                                 "--quiet", "--out", str(Path(tmp) / "m0" / "again.json"),
                                 "--data-dir", str(Path(tmp) / "m0" / "data")],

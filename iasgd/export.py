@@ -135,6 +135,11 @@ def checkpoint_model(path: str | Path) -> tuple[Model, np.ndarray, dict]:
     if dataset is None and (shape is None or classes is None):
         raise ExportError(f"checkpoint {path} names neither its dataset nor its input shape "
                           "and class count")
+    if (shape is None or classes is None) and dataset not in models.DATASET_SHAPES:
+        raise ExportError(f"checkpoint {path} does not record the input shape and class "
+                          f"count of its model, trained on your file {dataset} by an older "
+                          "iasgd: resume it with this one (--resume with more --epochs), "
+                          "which records them, or train it again")
     hidden = config.get("hidden")
     try:
         model = models.build(
@@ -274,7 +279,19 @@ def _read_safetensors(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str
 
 
 def _read_npz(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, Any] | None]:
-    with np.load(path, allow_pickle=False) as f:
+    try:
+        loaded = np.load(path, allow_pickle=False)
+    except ValueError as e:
+        if "allow_pickle" not in str(e):
+            raise
+        # numpy takes what is neither a zip nor an .npy for a pickle, and advises loading
+        # it unsafely: iasgd never does
+        raise ExportError(f"{path} is not an .npz archive of tensors (numpy would read it "
+                          "as a pickle, which iasgd never loads: it can run code); write "
+                          "it with python -m iasgd.export") from None
+    if isinstance(loaded, np.ndarray):
+        raise ExportError(f"{path} holds a single .npy array, not an .npz archive of tensors")
+    with loaded as f:
         tensors = {name: f[name] for name in f.files if name != NPZ_SPEC_KEY}
         meta = json.loads(str(f[NPZ_SPEC_KEY][()])) if NPZ_SPEC_KEY in f.files else None
     return tensors, meta

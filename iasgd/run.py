@@ -332,13 +332,17 @@ def _check_writable_file(flag: str, path: str) -> None:
         raise UsageError(f"{flag} {path}: cannot write in {directory} ({e.strerror})") from None
 
 
-def run_config(cfg: TrainConfig, opts: RunOptions) -> dict:
-    """The full configuration as written to the results file."""
+def run_config(cfg: TrainConfig, opts: RunOptions, model: models.Model) -> dict:
+    """The full configuration as written to the results file and the
+    checkpoint; a user's own file's with the input shape and class count
+    too, so that its model rebuilds without the file."""
     config = {**dataclasses.asdict(opts), **dataclasses.asdict(cfg)}
     if config["hidden"] is None and opts.model == "mlp":
         config["hidden"] = list(models.DEFAULT_HIDDEN)
     elif config["hidden"] is not None:
         config["hidden"] = list(config["hidden"])
+    if own_data(opts.dataset):
+        config.update(input_shape=list(model.input_shape), num_classes=model.num_classes)
     return config
 
 
@@ -493,7 +497,8 @@ def _main(argv: list[str]) -> int:
         display = Display(opts.quiet, cfg.epochs)
         t0 = time.perf_counter()
         data = datasets.load(opts.dataset, opts.data_dir, opts.archive, progress=not opts.quiet,
-                             test_fraction=opts.test_fraction, layout=opts.layout)
+                             test_fraction=opts.test_fraction, layout=opts.layout,
+                             batch_size=cfg.batch_size)  # too large: no cache written
         model, opts = build_model(opts, data)
         init = export.load_weights(opts.init, model) if opts.init else None
         engine.check_data(model, data, cfg)
@@ -566,7 +571,7 @@ def simulate_and_report(cfg: TrainConfig, opts: RunOptions, model: models.Model,
                           init=init, costs=costs)
     for record in result.epochs:
         display.epoch_end(record)
-    document = results.results_document(run_config(cfg, opts), result, model.num_params)
+    document = results.results_document(run_config(cfg, opts, model), result, model.num_params)
     document["simulated"] = {"cores": cores, "step_times": how,
                              "step_time_mean_s": float(measured.mean()),
                              "quantum_s": opts.sim_quantum, "costs": dataclasses.asdict(costs),
@@ -628,7 +633,7 @@ def describe(cfg: TrainConfig, opts: RunOptions, model: models.Model, data: data
 def train_and_report(cfg: TrainConfig, opts: RunOptions, model: models.Model,
                      data: datasets.Dataset, display: Display, snapshot: object,
                      init: np.ndarray | None = None) -> int:
-    config = run_config(cfg, opts)
+    config = run_config(cfg, opts, model)
     checkpoint_path = opts.checkpoint or default_checkpoint(opts.out)
     saved: list[str] = []
 

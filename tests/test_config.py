@@ -309,7 +309,7 @@ def test_a_variant_sets_its_fields_by_name_and_is_recorded(name, tmp_path, monke
     for field, value in VARIANTS[name].items():
         assert getattr(cfg, field) == value
     assert TrainConfig(variant=name, threads=cfg.threads) == cfg
-    assert run.run_config(cfg, opts)["variant"] == name
+    assert run.run_config(cfg, opts, run.models.build(opts.model, opts.dataset))["variant"] == name
 
 
 def test_a_flag_beside_a_variant_may_repeat_it_but_not_change_it(tmp_path, monkeypatch):

@@ -22,6 +22,7 @@ import hashlib
 import http.client
 import json
 import os
+import re
 import sys
 import urllib.error
 import urllib.request
@@ -60,7 +61,7 @@ def resolve_data_dir(data_dir: str | Path | None) -> Path:
 
 def load(name: str | Path, data_dir: str | Path | None = None, archive: str | Path | None = None,
          progress: bool = True, *, test_fraction: float = DEFAULT_TEST_FRACTION,
-         seed: int = 0, layout: str = "auto") -> Dataset:
+         seed: int = 0, layout: str = "auto", batch_size: int | None = None) -> Dataset:
     """Load dataset `name` (one of DATASETS, or the path of a user's own .npz, .h5 or .hdf5
     file), from the HDF5 cache when it is current.
 
@@ -73,11 +74,15 @@ def load(name: str | Path, data_dir: str | Path | None = None, archive: str | Pa
     the share of images held out as the test split when the file has none, the seed of that
     split, and where the images' channels are ("auto", "nchw", "nhwc"; "auto" uses the
     file's own 'layout' entry if it has one).  Registry datasets ignore them.
+    batch_size: the batch size the data is loaded for, where known: a user's file with
+    fewer training images is read but not cached, since the run refuses that batch size
+    (iasgd.config.check_data) and should leave nothing behind.  Registry datasets ignore it.
     """
     spec = DATASETS.get(str(name))
     if spec is None and own.is_own_file(str(name)):
         return _load_own_file(Path(name), data_dir, archive, progress,
-                              test_fraction=test_fraction, seed=seed, layout=layout)
+                              test_fraction=test_fraction, seed=seed, layout=layout,
+                              batch_size=batch_size)
     if spec is None:
         raise DataError(f"unknown dataset {name!r}: choose one of {', '.join(DATASETS)}, or "
                         "give the path of an .npz, .h5 or .hdf5 file of your own")
@@ -96,19 +101,26 @@ def load(name: str | Path, data_dir: str | Path | None = None, archive: str | Pa
         origin = sources[0] if len(sources) == 1 else f"{sources[0].parent}/"
         print(f"iasgd: converting {name} from {origin} to {cache} (only once)",
               file=sys.stderr)
-    dataset = _parse_sources(spec, sources)
+    try:
+        dataset = _parse_sources(spec, sources)
+    except DataError as error:
+        if archive is None:  # the official files, found or downloaded: re-download them
+            raise
+        raise _not_the_archive(spec, archive, error) from error
     h5cache.write_or_warn(cache, dataset, h5cache.sha256_of_files(sources),
                           h5cache.fingerprint(sources))
     return dataset
 
 
 def _load_own_file(path: Path, data_dir: str | Path | None, archive: str | Path | None,
-                   progress: bool, *, test_fraction: float, seed: int, layout: str) -> Dataset:
+                   progress: bool, *, test_fraction: float, seed: int, layout: str,
+                   batch_size: int | None = None) -> Dataset:
     """A user's .npz / HDF5 file, validated and converted by iasgd.data.own, through the
     cache <data_dir>/<file name>.<12 hex of sha256(absolute path)>.h5.
 
     The path's hash in the cache's name keeps files of the same name in different folders
-    apart; the file's sha256 in the cache makes a changed file be read again.
+    apart; the file's sha256 in the cache makes a changed file be read again.  No cache is
+    written for a training split smaller than batch_size (a run refuses it).
     """
     path = own.check_path(path)
     own.check_options(str(path), test_fraction, seed, layout)
@@ -131,10 +143,24 @@ def _load_own_file(path: Path, data_dir: str | Path | None, archive: str | Path 
     source_sha256 = h5cache.sha256_of_files([path])
     dataset, summary = own.read_file(path, test_fraction=test_fraction, seed=seed,
                                      layout=layout)
+    fits = batch_size is None or batch_size <= len(dataset.x_train)
     if progress:
-        print(f"iasgd: {summary} (cached in {cache})", file=sys.stderr)
-    h5cache.write_or_warn(cache, dataset, source_sha256, source_fingerprint, conversion)
+        where = (f"cached in {cache}" if fits else
+                 f"not cached: fewer training images than the batch size {batch_size}")
+        print(f"iasgd: {summary} ({where})", file=sys.stderr)
+    if fits:
+        h5cache.write_or_warn(cache, dataset, source_sha256, source_fingerprint, conversion)
     return dataset
+
+
+def _not_the_archive(spec: DatasetSpec, archive: str | Path, error: DataError) -> DataError:
+    """The error of an archive the user gave that the parser refused: the parser's reason
+    without its advice to re-download (the user supplied the file; nothing was downloaded)."""
+    reason = re.sub(r"[;:,]?\s*re-download\b.*$", "", str(error))
+    kind = "archive" if spec.source == "archive" else "directory"
+    return DataError(f"{Path(archive).expanduser()}, the archive given, is not a valid "
+                     f"{spec.name} {kind} ({reason}): check the path, or give the "
+                     f"{spec.files_label}")
 
 
 def _parse_sources(spec: DatasetSpec, sources: Sequence[Path]) -> Dataset:

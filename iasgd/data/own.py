@@ -2,10 +2,12 @@
 
 The format (docs/data.md): arrays ``x_train`` (images), ``y_train`` (labels) and optionally
 ``x_test``, ``y_test``; in an .npz file those keys, in an HDF5 file those datasets at the
-root.  Images are uint8 in [0, 255] (or any integer type with values there) or float in
-[0, 1], shaped (N, C, H, W), (N, H, W, C) or (N, H, W); labels are integers >= 0, shaped
-(N,) or (N, 1), and the class count is the largest label + 1.  Without a test split,
-`test_fraction` of the images are held out as one, chosen by a seeded permutation.
+root.  The training pair may also be called x/y, X/y, images/labels, data/labels or
+data/targets (`pick_keys`).  Images are uint8 in [0, 255] (or any integer type with
+values there) or float in [0, 1], shaped (N, C, H, W), (N, H, W, C) or (N, H, W); labels
+are integers >= 0, shaped (N,) or (N, 1), and the class count is the largest label + 1.
+Without a test split, `test_fraction` of the images are held out as one, chosen by a
+seeded permutation.
 
 `from_arrays` validates and converts arrays into a Dataset (uint8 NCHW, int64 labels);
 `read_file` reads a file into the same.  A file is data, never code: an .npz is read with
@@ -32,6 +34,14 @@ DEFAULT_TEST_FRACTION = 0.1
 LAYOUTS = ("auto", "nchw", "nhwc")
 
 _KEYS = ("x_train", "y_train", "x_test", "y_test")
+# The names a file may give its training images and labels, as pairs: only a pair found
+# whole counts, so that another array that happens to be called `data` is no clash.
+# The test split, if any, is x_test and y_test (Keras's names) whatever the pair.
+_TRAIN_PAIRS = (("x_train", "y_train"), ("x", "y"), ("X", "y"), ("images", "labels"),
+                ("data", "labels"), ("data", "targets"))
+_IMAGE_NAMES = tuple(dict.fromkeys(images for images, _ in _TRAIN_PAIRS))
+_LABEL_NAMES = tuple(dict.fromkeys(labels for _, labels in _TRAIN_PAIRS))
+_PAIRS_TEXT = ", ".join(f"{a}/{b}" for a, b in _TRAIN_PAIRS[1:])
 # What layout="auto" takes for a channel axis: grayscale and RGB.  Anything else (RGBA,
 # multispectral) is too easily confused with a small height or width to be guessed.
 _CHANNEL_COUNTS = (1, 3)
@@ -39,6 +49,10 @@ _CHANNEL_COUNTS = (1, 3)
 # converted without a second full-size float temporary.
 _CHUNK_ELEMENTS = 1 << 22
 _FORMAT_HINT = "np.savez(path, x_train=..., y_train=...) (see docs/data.md)"
+# How np.load tells an .npz (a zip archive) and an .npy from what it takes for a pickle.
+_ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")
+_NPY_MAGIC = b"\x93NUMPY"
+_PICKLE_PROTO = 0x80  # the first byte of a pickle of protocol 2 or later
 
 
 def is_own_file(name: str) -> bool:
@@ -88,19 +102,24 @@ def from_arrays(x_train: Any, y_train: Any, x_test: Any = None, y_test: Any = No
 
 
 def convert(x_train: Any, y_train: Any, x_test: Any, y_test: Any, *, name: str, where: str,
-            test_fraction: float, seed: int, layout: str) -> tuple[Dataset, str]:
+            test_fraction: float, seed: int, layout: str,
+            train_keys: tuple[str, str] = ("x_train", "y_train")) -> tuple[Dataset, str]:
     """`from_arrays` without printing: the Dataset and its one-line summary.
 
     where: how errors name the source (a file's path, or the arrays' name).
+    train_keys: how errors name the training images and labels (a file's own names).
     """
     check_options(where, test_fraction, seed, layout)
+    x_key, y_key = train_keys
     if (x_test is None) != (y_test is None):
         given, absent = ("x_test", "y_test") if y_test is None else ("y_test", "x_test")
         raise DataError(f"{where} has {given} but no {absent}: give both, or neither to hold "
                         f"out test_fraction of the training images")
     notes: list[str] = []
-    images = _images(x_train, "x_train", where)
-    labels = _labels(y_train, "y_train", where, len(images), "x_train")
+    if train_keys != ("x_train", "y_train"):
+        notes.append(f"images from {x_key!r}, labels from {y_key!r}")
+    images = _images(x_train, x_key, where)
+    labels = _labels(y_train, y_key, where, len(images), x_key)
     channels_last, layout_note = layout_of(images, layout, where)
     notes += [layout_note] if layout_note else []
     notes += _conversion_notes(images)
@@ -110,11 +129,11 @@ def convert(x_train: Any, y_train: Any, x_test: Any, y_test: Any, *, name: str, 
         test_images = _images(x_test, "x_test", where)
         y_te = _labels(y_test, "y_test", where, len(test_images), "x_test")
         if test_images.ndim != train_ndim:
-            raise DataError(f"{where}: x_test has {test_images.ndim} dims, x_train "
+            raise DataError(f"{where}: x_test has {test_images.ndim} dims, {x_key} "
                             f"{train_ndim}: store both splits in the same layout")
         x_te = to_nchw_uint8(test_images, channels_last)
         if x_te.shape[1:] != x_tr.shape[1:]:
-            raise DataError(f"{where}: x_test images are {_chw(x_te)} (C, H, W), x_train "
+            raise DataError(f"{where}: x_test images are {_chw(x_te)} (C, H, W), {x_key} "
                             f"images {_chw(x_tr)}: store both splits in the same layout "
                             "and size")
         y_tr = labels
@@ -197,14 +216,9 @@ def read_file(path: Path, *, test_fraction: float = DEFAULT_TEST_FRACTION, seed:
     path = check_path(path)
     check_options(str(path), test_fraction, seed, layout)
     if path.suffix.lower() == ".npz":
-        arrays, present, file_layout = _read_npz(path)
+        arrays, keys, file_layout = _read_npz(path)
     else:
-        arrays, present, file_layout = _read_hdf5(path)
-    missing = [key for key in ("x_train", "y_train") if key not in arrays]
-    if missing:
-        holds = ", ".join(present[:10]) + (", ..." if len(present) > 10 else "") or "nothing"
-        raise DataError(f"{path} lacks {' and '.join(missing)} (it holds: {holds}): store the "
-                        f"training images as x_train and their integer labels as y_train")
+        arrays, keys, file_layout = _read_hdf5(path)
     if layout == "auto" and file_layout is not None:
         if file_layout not in LAYOUTS:
             raise DataError(f"{path}: its layout entry is {file_layout!r}, not one of "
@@ -212,7 +226,50 @@ def read_file(path: Path, *, test_fraction: float = DEFAULT_TEST_FRACTION, seed:
         layout = file_layout
     return convert(arrays["x_train"], arrays["y_train"], arrays.get("x_test"),
                    arrays.get("y_test"), name=path.name, where=str(path),
-                   test_fraction=test_fraction, seed=seed, layout=layout)
+                   test_fraction=test_fraction, seed=seed, layout=layout,
+                   train_keys=(keys["x_train"], keys["y_train"]))
+
+
+def pick_keys(present: list[str], path: str | Path) -> dict[str, str]:
+    """Which of a file's arrays (`present`, their names) are x_train, y_train and, if the
+    file has them, x_test and y_test: role -> the file's name.  The training images and
+    labels are the one pair of _TRAIN_PAIRS the file holds whole; DataError (one line)
+    when there is none (saying what the file holds) or when two pairs give the images, or
+    the labels, two names."""
+    have = set(present)
+    pairs = [pair for pair in _TRAIN_PAIRS if pair[0] in have and pair[1] in have]
+    for role, names in (("images", [p[0] for p in pairs]), ("labels", [p[1] for p in pairs])):
+        names = list(dict.fromkeys(names))
+        if len(names) > 1:
+            raise DataError(f"{path} holds {role} under two names, {names[0]!r} and "
+                            f"{names[1]!r}: keep one (or rename the other) so that it is clear "
+                            f"which to train on")
+    if not pairs:
+        raise DataError(_no_pair(present, path))
+    keys = {"x_train": pairs[0][0], "y_train": pairs[0][1]}
+    keys.update({key: key for key in ("x_test", "y_test") if key in have})
+    return keys
+
+
+def _no_pair(present: list[str], path: str | Path) -> str:
+    """The message for a file without a whole pair of training images and labels."""
+    holds = ", ".join(present[:10]) + (", ..." if len(present) > 10 else "") or "nothing"
+    images = [name for name in _IMAGE_NAMES if name in present]
+    labels = [name for name in _LABEL_NAMES if name in present]
+    if images and labels:
+        return (f"{path} has images ({images[0]!r}) and labels ({labels[0]!r}) under names "
+                f"iasgd does not pair (it holds: {holds}): name them x_train/y_train or "
+                f"{_PAIRS_TEXT} (see docs/data.md)")
+    if images:
+        partner = next(b for a, b in _TRAIN_PAIRS if a == images[0])
+        return (f"{path} has images ({images[0]!r}) but no labels (it holds: {holds}): store "
+                f"their integer labels as {partner}")
+    if labels:
+        partner = next(a for a, b in _TRAIN_PAIRS if b == labels[0])
+        return (f"{path} has labels ({labels[0]!r}) but no images (it holds: {holds}): store "
+                f"the training images as {partner}")
+    return (f"{path} has no images and labels under a name iasgd reads (it holds: {holds}): "
+            f"store them as x_train and y_train (or {_PAIRS_TEXT}; see docs/data.md)")
 
 
 def check_path(path: str | Path) -> Path:
@@ -235,9 +292,34 @@ def check_path(path: str | Path) -> Path:
 # --------------------------------------------------------------------------------------
 
 
-def _read_npz(path: Path) -> tuple[dict[str, np.ndarray], list[str], str | None]:
-    """The arrays of _KEYS in an .npz, its member names and its 'layout' entry (or None)."""
+def _check_npz_header(path: Path) -> None:
+    """DataError unless the file starts like an .npz (a zip) or an .npy: numpy takes
+    anything else for a pickle and answers with its advice to load it unsafely, the
+    opposite of what iasgd does with a data file."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(_NPY_MAGIC))
+    except OSError as error:
+        raise DataError(f"cannot read {path} ({one_line(error)}): check that it is a "
+                        "readable file") from error
+    if head.startswith(_ZIP_MAGICS) or head.startswith(_NPY_MAGIC):
+        return
+    if not head:
+        raise DataError(f"{path} is empty, not an .npz archive of arrays: save the arrays "
+                        f"with {_FORMAT_HINT}")
+    if head[0] == _PICKLE_PROTO:
+        raise DataError(f"{path} holds pickled Python objects, which iasgd never loads (a "
+                        "pickle can run code), not an .npz archive of arrays: save plain "
+                        f"numeric arrays with {_FORMAT_HINT}")
+    raise DataError(f"{path} is not an .npz archive of arrays (not a zip file: a text file, "
+                    f"or another format renamed .npz?): save the arrays with {_FORMAT_HINT}")
+
+
+def _read_npz(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str], str | None]:
+    """The arrays of an .npz by role (x_train, ...: `pick_keys`), the file's name of each
+    role, and its 'layout' entry (or None)."""
     corrupt = (f"it is not an .npz archive or it is corrupt; write it with {_FORMAT_HINT}")
+    _check_npz_header(path)
     try:
         # allow_pickle=False: a pickle can run code, and images and labels need none.
         loaded = np.load(path, allow_pickle=False)
@@ -249,11 +331,12 @@ def _read_npz(path: Path) -> tuple[dict[str, np.ndarray], list[str], str | None]
                         f"arrays: write it with {_FORMAT_HINT}")
     with loaded as npz:
         present = list(npz.files)
-        arrays = {key: _npz_member(npz, key, path) for key in _KEYS if key in present}
+        keys = pick_keys(present, path)
+        arrays = {role: _npz_member(npz, key, path) for role, key in keys.items()}
         file_layout = None
         if "layout" in present:
             file_layout = _as_layout(_npz_member(npz, "layout", path), path)
-    return arrays, present, file_layout
+    return arrays, keys, file_layout
 
 
 def _npz_member(npz: Any, key: str, path: Path) -> np.ndarray:
@@ -272,17 +355,15 @@ def _npz_member(npz: Any, key: str, path: Path) -> np.ndarray:
                         f"corrupt or truncated; write it again with {_FORMAT_HINT}") from error
 
 
-def _read_hdf5(path: Path) -> tuple[dict[str, np.ndarray], list[str], str | None]:
-    """The datasets of _KEYS at the root of an HDF5 file, the root's member names and its
-    'layout' attribute (or None)."""
+def _read_hdf5(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str], str | None]:
+    """The datasets at the root of an HDF5 file by role (x_train, ...: `pick_keys`), the
+    file's name of each role, and the root's 'layout' attribute (or None)."""
     try:
         # No file locking, as for the caches: read-only, and locking fails on some NFS.
         with h5py.File(path, "r", locking=False) as f:
-            present = list(f.keys())
+            keys = pick_keys(list(f.keys()), path)
             arrays = {}
-            for key in _KEYS:
-                if key not in f:
-                    continue
+            for role, key in keys.items():
                 node = f[key]
                 if not isinstance(node, h5py.Dataset):
                     raise DataError(f"{path}: {key} is an HDF5 group, not a dataset: store "
@@ -290,7 +371,7 @@ def _read_hdf5(path: Path) -> tuple[dict[str, np.ndarray], list[str], str | None
                 if node.dtype.kind not in "biuf":
                     raise DataError(f"{path}: {key} has HDF5 type {node.dtype}: store plain "
                                     "numeric arrays (uint8 or float images, integer labels)")
-                arrays[key] = node[()]
+                arrays[role] = node[()]
             raw_layout = f.attrs.get("layout")
     except DataError:
         raise
@@ -300,7 +381,7 @@ def _read_hdf5(path: Path) -> tuple[dict[str, np.ndarray], list[str], str | None
                         "not an HDF5 file; write x_train and y_train with h5py "
                         "(see docs/data.md)") from error
     file_layout = None if raw_layout is None else _as_layout(raw_layout, path)
-    return arrays, present, file_layout
+    return arrays, keys, file_layout
 
 
 def _as_layout(value: Any, path: Path) -> str:

@@ -410,6 +410,26 @@ def test_truncated_archive_is_data_error(tmp_path: Path) -> None:
         data.load("cifar10", data_dir=tmp_path, progress=False)
 
 
+@pytest.mark.parametrize("dataset", ["cifar10", "cifar100", "fashion-mnist"])
+def test_an_archive_given_that_is_not_the_dataset_is_not_to_be_re_downloaded(
+        dataset: str, tmp_path: Path) -> None:
+    """Issue 41, item 4b: the file the user gave (--archive) is said not to be a valid archive
+    of the dataset, without advice to re-download a file the user supplied."""
+    if dataset == "fashion-mnist":  # a directory of the four files, one of them not idx
+        archive = write_fashion(tmp_path / "raw", fashion_arrays())
+        (archive / "train-labels-idx1-ubyte.gz").write_bytes(b"hostname\n")
+    else:
+        archive = tmp_path / "hostname"
+        archive.write_text("hostname\n")
+    with pytest.raises(DataError) as info:
+        data.load(dataset, data_dir=tmp_path / "d", archive=archive, progress=False)
+    said = str(info.value)
+    assert "\n" not in said and "download" not in said, said
+    assert said.startswith(f"{archive}, the archive given, is not a valid {dataset} "), said
+    assert data.DATASETS[dataset].files_label in said
+    assert not (tmp_path / "d" / f"{dataset}.h5").exists()
+
+
 def test_explicit_archive_must_exist(tmp_path: Path) -> None:
     with raises_data_error("archive .*nope.tar.gz does not exist"):
         data.load("cifar10", data_dir=tmp_path, archive=tmp_path / "nope.tar.gz")
