@@ -7,10 +7,10 @@ command line to the results file.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 from iasgd import options as O
@@ -126,8 +126,7 @@ class TrainConfig:
                  "its value at the end of epoch 1, down to --y-min); per-worker (--interval "
                  "per active worker); budget (per-worker while the workers' own staleness "
                  "fits --staleness-budget, the budget's y beyond)",
-        group=ADAPTIVE, choices=S.INTERVAL_SCHEDULES,
-                                    applies=INTERVAL)
+        group=ADAPTIVE, choices=S.INTERVAL_SCHEDULES, applies=INTERVAL)
     y0: int | None = option(None, "starting y of a schedule", group=ADAPTIVE,
                             parse=O.positive_int, default_text="--interval", applies=MOVING_Y)
     y_min: int = option(4, "smallest y a schedule uses", group=ADAPTIVE, parse=O.positive_int,
@@ -292,7 +291,7 @@ def config_where_it_applies(**fields: object) -> TrainConfig:
     a sweep gives its knobs once for every algorithm it compares."""
     defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
     while True:
-        run = argparse.Namespace(**{**defaults, **fields})
+        run = SimpleNamespace(**{**defaults, **fields})
         found = O.inapplicable(TrainConfig, run, [k for k, v in fields.items()
                                                   if v != defaults[k]])
         if found is None:
