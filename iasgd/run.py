@@ -404,7 +404,16 @@ def resumed_values(args: argparse.Namespace, given: set[str]) -> tuple[dict, eng
     merged.update(resumed_outputs(args, saved, given))
     if merged.get("hidden") is not None:
         merged["hidden"] = tuple(merged["hidden"])
-    return merged, snapshot
+    return _without_what_did_nothing(merged), snapshot
+
+
+def _without_what_did_nothing(values: dict) -> dict:
+    """A saved run's training options that had no effect on it (an older
+    iasgd took them silently) at their defaults, which is what they were to
+    that run; else its resume would be refused for an option no one can drop."""
+    run = argparse.Namespace(**values)
+    return {**values, **{f.name: f.default for f in dataclasses.fields(TrainConfig)
+                         if O.applies(f) is not None and not O.applies(f).test(run)}}
 
 
 def _check_resume(cfg: TrainConfig, opts: RunOptions, snapshot: engine.Snapshot) -> None:

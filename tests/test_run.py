@@ -556,3 +556,18 @@ def test_the_compile_estimate_grows_with_the_load(monkeypatch):
     assert run.compile_range(8, 2) == (8, 9)
     monkeypatch.setattr(os, "getloadavg", lambda: (2.0, 0.0, 0.0))
     assert run.compile_range(8, 2) == (8, 16)
+
+
+def test_an_older_checkpoint_with_an_option_that_did_nothing_still_resumes(tmp_path):
+    from iasgd import checkpoints
+
+    out = tmp_path / "r.json"
+    assert run.main(["--dataset", "synthetic", "--epochs", "1", "--quiet", "--algo", "hogwild",
+                     "--threads", "2", "--out", str(out)]) == 0
+    ckpt = tmp_path / "r.ckpt.h5"
+    config, snapshot = checkpoints.load(str(ckpt))
+    checkpoints.save(ckpt, {**config, "interval": 8, "gate": "drop"}, snapshot)  # as older ones
+    out.unlink()
+    assert run.main(["--resume", str(ckpt), "--epochs", "2", "--quiet"]) == 0
+    resumed = json.loads(out.read_text())["config"]
+    assert (resumed["interval"], resumed["gate"]) == (16, "wait")
