@@ -18,6 +18,10 @@ from dataclasses import dataclass
 from typing import Any
 
 
+class UsageError(Exception):
+    """Invalid command-line input; the message is one line that says what to do."""
+
+
 @dataclass(frozen=True)
 class Applies:
     """Where an option has an effect: `words` says it, with fields as

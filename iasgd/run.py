@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
-import json
 import os
 import shlex
 import signal
@@ -23,7 +22,7 @@ from typing import NoReturn
 
 import numpy as np
 
-from iasgd import checkpoints, console, engine, export, files, results
+from iasgd import checkpoints, console, engine, export, files, results, resume
 from iasgd import data as datasets
 from iasgd import options as O
 from iasgd import schedules as S
@@ -41,15 +40,12 @@ from iasgd.executors import precompile
 from iasgd.executors import simulated as sim
 from iasgd.executors.threads import usable_cores
 from iasgd.nn import models
-from iasgd.options import Applies, option
+from iasgd.options import Applies, UsageError, option
+from iasgd.resume import default_checkpoint
 
 EXIT_USAGE = 2
 EXIT_FAILED = 1
 EXIT_DIVERGED = 3
-
-
-class UsageError(Exception):
-    """Invalid input; the message is one line that says what to do."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -203,7 +199,11 @@ def command_line(argv: list[str]) -> tuple[TrainConfig, RunOptions, engine.Snaps
     _check_command_line(args)
     values, snapshot = vars(args), None
     if args.resume:
-        values, snapshot = resumed_values(args, given)
+        saved, snapshot = checkpoints.load(args.resume)
+        if "model" in given:  # compared in the spelling the saved run recorded
+            args.model = canonical_model(args.model, saved.get("dataset", args.dataset),
+                                         args.hidden)
+        values = resume.resumed_values(args, saved, given)
     cfg, opts = checked(values, given)
     if snapshot is not None:
         _check_resume(cfg, opts, snapshot)
@@ -357,65 +357,6 @@ def run_options(args: argparse.Namespace) -> RunOptions:
     return RunOptions(**{f.name: getattr(args, f.name) for f in dataclasses.fields(RunOptions)})
 
 
-def default_checkpoint(out: str) -> str:
-    """results.json -> results.ckpt.h5, beside the results."""
-    path = Path(out)
-    return str(path.with_name(path.stem + ".ckpt.h5"))
-
-
-def resumed_out(checkpoint: str, saved_out: str) -> str:
-    """Where a resume without --out writes its results: the results file of
-    the run saved in `checkpoint`, beside it. That is the saved --out's file
-    name when the checkpoint was saved beside it (default_checkpoint), so a
-    relative --out is found from any folder; else NAME.json for a checkpoint
-    NAME.ckpt.h5, NAME.h5 or NAME."""
-    path = Path(checkpoint)
-    beside = path.with_name(Path(saved_out).name)
-    if default_checkpoint(str(beside)) == str(path):
-        return str(beside)
-    return str(path.with_name(path.name.removesuffix(".h5").removesuffix(".ckpt") + ".json"))
-
-
-# Options a resumed run may change; everything else is the saved run's.
-RESUME_MAY_CHANGE = {"epochs", "time_budget", "out", "quiet", "checkpoint", "checkpoint_every",
-                     "no_checkpoint", "data_dir", "archive", "resume"}
-# Options of this command only, never the saved run's: a flag cannot be unset.
-NOT_INHERITED = {"quiet"}
-
-
-def resumed_values(args: argparse.Namespace, given: set[str]) -> tuple[dict, engine.Snapshot]:
-    """The saved run's option values, with those RESUME_MAY_CHANGE taken from
-    the command line and its outputs (resumed_outputs); and its snapshot. A
-    resume that asks for another model, dataset or training option is
-    refused."""
-    saved, snapshot = checkpoints.load(args.resume)
-    if "model" in given:  # compared in the spelling the saved run recorded
-        args.model = canonical_model(args.model, saved.get("dataset", args.dataset), args.hidden)
-    for name in sorted(given - RESUME_MAY_CHANGE):
-        if name in saved and saved[name] != _comparable(getattr(args, name)):
-            what = ("model or dataset" if name in ("model", "dataset", "hidden")
-                    else "training options")
-            raise UsageError(f"--resume {args.resume} continues a run with {O.flag(name)} "
-                             f"{saved[name]}, not {getattr(args, name)}: a resume cannot change "
-                             f"the {what}; start a new run instead")
-    # An option the saved run lacks (an older iasgd) is this command line's, default or given.
-    merged = {**vars(args), **saved, **{k: getattr(args, k) for k in RESUME_MAY_CHANGE
-                                        if k in given or k in NOT_INHERITED}}
-    merged.update(resumed_outputs(args, saved, given))
-    if merged.get("hidden") is not None:
-        merged["hidden"] = tuple(merged["hidden"])
-    return _without_what_did_nothing(merged), snapshot
-
-
-def _without_what_did_nothing(values: dict) -> dict:
-    """A saved run's training options that had no effect on it (an older
-    iasgd took them silently) at their defaults, which is what they were to
-    that run; else its resume would be refused for an option no one can drop."""
-    run = argparse.Namespace(**values)
-    return {**values, **{f.name: f.default for f in dataclasses.fields(TrainConfig)
-                         if O.applies(f) is not None and not O.applies(f).test(run)}}
-
-
 def _check_resume(cfg: TrainConfig, opts: RunOptions, snapshot: engine.Snapshot) -> None:
     """The snapshot fits the run (a user's own file: engine.train checks it,
     once the model is sized) and leaves work to do."""
@@ -425,64 +366,7 @@ def _check_resume(cfg: TrainConfig, opts: RunOptions, snapshot: engine.Snapshot)
                                 cfg, snapshot)
     except checkpoints.CheckpointError as e:
         raise UsageError(f"--resume {opts.resume}: {e}") from None
-    _check_work_left(cfg, opts, snapshot)
-
-
-def resumed_outputs(args: argparse.Namespace, saved: dict, given: set[str]) -> dict:
-    """Where a resume writes (out, checkpoint): with --out there, and its
-    checkpoint beside it (or at --checkpoint), as any run's; without, it
-    extends the results file of the run it resumes (resumed_out) and the
-    checkpoint it resumes, unless that results file is another run's. Never
-    the saved run's own --out and --checkpoint: relative, they were paths
-    from another folder."""
-    if "out" in given:
-        return {"out": args.out, "checkpoint": args.checkpoint}
-    out = resumed_out(args.resume, saved.get("out", args.out))
-    _check_results_of(out, saved, args.resume)
-    checkpoint = args.checkpoint if "checkpoint" in given or args.no_checkpoint else args.resume
-    return {"out": out, "checkpoint": checkpoint}
-
-
-def _check_results_of(out: str, saved: dict, resume: str) -> None:
-    """`out`, if it exists, holds the results of the run saved in the checkpoint
-    `resume` (the same training options): a resume never writes over another
-    run's results unless told to with --out."""
-    path = Path(out)
-    if not path.exists():
-        return
-    try:
-        theirs = _training_options(json.loads(path.read_text())["config"])
-        same = theirs == _training_options(saved)
-    except (OSError, ValueError, KeyError, TypeError):  # unreadable, not JSON, not results
-        same = False
-    if not same:
-        raise UsageError(f"--resume {resume}: {out} holds another run's results, not those of "
-                         "the run it resumes; give --out to say where its results go")
-
-
-def _training_options(config: dict) -> dict:
-    """A run configuration without the options a resume may change."""
-    return {k: _comparable(v) for k, v in config.items() if k not in RESUME_MAY_CHANGE}
-
-
-def _check_work_left(cfg: TrainConfig, opts: RunOptions, snapshot: engine.Snapshot) -> None:
-    """A resume that would train nothing is refused: all --epochs done, or the
-    --time-budget already spent (training seconds)."""
-    meta = snapshot.meta
-    done = meta.get("epoch", 1) - 1  # epochs finished; `epoch` is the next one to run
-    if done >= cfg.epochs:
-        raise UsageError(f"--resume {opts.resume}: the run has finished {done} epochs, "
-                         f"--epochs is {cfg.epochs}; give --epochs more than {done} to "
-                         "extend it")
-    spent = meta.get("result", {}).get("train_time_s", 0.0) + meta.get("epoch_time", 0.0)
-    if cfg.time_budget is not None and spent >= cfg.time_budget:
-        raise UsageError(f"--resume {opts.resume}: the run has trained {spent:.1f}s, "
-                         f"--time-budget is {cfg.time_budget:g}; give a larger --time-budget "
-                         "to continue it")
-
-
-def _comparable(value: object) -> object:
-    return list(value) if isinstance(value, tuple) else value
+    resume.check_work_left(cfg, opts, snapshot)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -675,10 +559,10 @@ def train_and_report(cfg: TrainConfig, opts: RunOptions, model: models.Model,
     if not write_results(opts.out, document, document["checkpoint"]):
         return EXIT_USAGE
     report(display, document, opts.out)
-    resume = f"python -m iasgd.run --resume {shlex.quote(checkpoint_path)}"
+    resume_command = f"python -m iasgd.run --resume {shlex.quote(checkpoint_path)}"
     if result.status == "interrupted":
         where = (f"checkpoint in {checkpoint_path}, results so far in {opts.out}; continue "
-                 f"with: {resume}" if saved else
+                 f"with: {resume_command}" if saved else
                  f"results so far in {opts.out} (no checkpoint: --no-checkpoint)")
         error(f"interrupted; {where}")
         return interrupts.exit_code()
@@ -688,7 +572,7 @@ def train_and_report(cfg: TrainConfig, opts: RunOptions, model: models.Model,
     if saved and result.diverged_at is None:
         more = (f"--time-budget {2 * cfg.time_budget:g}" if result.status == "time_budget"
                 else f"--epochs {2 * cfg.epochs}")
-        display.say(f"checkpoint in {checkpoint_path}; to train on: {resume} {more}")
+        display.say(f"checkpoint in {checkpoint_path}; to train on: {resume_command} {more}")
     return diverged_exit(result, cfg, opts)
 
 
