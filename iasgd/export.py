@@ -44,6 +44,7 @@ import h5py
 import numpy as np
 
 from iasgd import checkpoints, files
+from iasgd.data.own import npz_problem
 from iasgd.nn import models
 from iasgd.nn.models import Conv, Dense, Flatten, Model, Pool, ReLU
 
@@ -279,16 +280,10 @@ def _read_safetensors(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str
 
 
 def _read_npz(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, Any] | None]:
-    try:
-        loaded = np.load(path, allow_pickle=False)
-    except ValueError as e:
-        if "allow_pickle" not in str(e):
-            raise
-        # numpy takes what is neither a zip nor an .npy for a pickle, and advises loading
-        # it unsafely: iasgd never does
-        raise ExportError(f"{path} is not an .npz archive of tensors (numpy would read it "
-                          "as a pickle, which iasgd never loads: it can run code); write "
-                          "it with python -m iasgd.export") from None
+    problem = npz_problem(Path(path), "tensors")
+    if problem is not None:
+        raise ExportError(f"{path} {problem}: write it with python -m iasgd.export")
+    loaded = np.load(path, allow_pickle=False)
     if isinstance(loaded, np.ndarray):
         raise ExportError(f"{path} holds a single .npy array, not an .npz archive of tensors")
     with loaded as f:

@@ -33,7 +33,6 @@ OWN_FILE_SUFFIXES = (".npz", ".h5", ".hdf5")
 DEFAULT_TEST_FRACTION = 0.1
 LAYOUTS = ("auto", "nchw", "nhwc")
 
-_KEYS = ("x_train", "y_train", "x_test", "y_test")
 # The names a file may give its training images and labels, as pairs: only a pair found
 # whole counts, so that another array that happens to be called `data` is no clash.
 # The test split, if any, is x_test and y_test (Keras's names) whatever the pair.
@@ -292,27 +291,33 @@ def check_path(path: str | Path) -> Path:
 # --------------------------------------------------------------------------------------
 
 
+def npz_problem(path: Path, kind: str = "arrays") -> str | None:
+    """What keeps the file `path` from being an .npz (a zip) or an .npy, in words that
+    follow its name ("is empty, not an .npz archive of arrays"); None if it starts like
+    one. numpy takes anything else for a pickle and answers with its advice to load it
+    unsafely, the opposite of what iasgd does with a file. OSError if unreadable."""
+    with open(path, "rb") as f:
+        head = f.read(len(_NPY_MAGIC))
+    if head.startswith(_ZIP_MAGICS) or head.startswith(_NPY_MAGIC):
+        return None
+    if not head:
+        return f"is empty, not an .npz archive of {kind}"
+    if head[0] == _PICKLE_PROTO:
+        return (f"is not an .npz archive of {kind}: it holds pickled Python objects, which "
+                "iasgd never loads (a pickle can run code)")
+    return (f"is not an .npz archive of {kind} (not a zip file: a text file, or another "
+            "format renamed .npz?)")
+
+
 def _check_npz_header(path: Path) -> None:
-    """DataError unless the file starts like an .npz (a zip) or an .npy: numpy takes
-    anything else for a pickle and answers with its advice to load it unsafely, the
-    opposite of what iasgd does with a data file."""
+    """DataError unless the file starts like an .npz or an .npy (npz_problem)."""
     try:
-        with open(path, "rb") as f:
-            head = f.read(len(_NPY_MAGIC))
+        problem = npz_problem(path)
     except OSError as error:
         raise DataError(f"cannot read {path} ({one_line(error)}): check that it is a "
                         "readable file") from error
-    if head.startswith(_ZIP_MAGICS) or head.startswith(_NPY_MAGIC):
-        return
-    if not head:
-        raise DataError(f"{path} is empty, not an .npz archive of arrays: save the arrays "
-                        f"with {_FORMAT_HINT}")
-    if head[0] == _PICKLE_PROTO:
-        raise DataError(f"{path} holds pickled Python objects, which iasgd never loads (a "
-                        "pickle can run code), not an .npz archive of arrays: save plain "
-                        f"numeric arrays with {_FORMAT_HINT}")
-    raise DataError(f"{path} is not an .npz archive of arrays (not a zip file: a text file, "
-                    f"or another format renamed .npz?): save the arrays with {_FORMAT_HINT}")
+    if problem is not None:
+        raise DataError(f"{path} {problem}: save plain numeric arrays with {_FORMAT_HINT}")
 
 
 def _read_npz(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str], str | None]:
