@@ -291,7 +291,9 @@ def config_where_it_applies(**fields: object) -> TrainConfig:
     a sweep gives its knobs once for every algorithm it compares."""
     defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
     while True:
-        run = SimpleNamespace(**{**defaults, **fields})
+        # judged against the run the variant makes (its algorithm, its schedules)
+        made = VARIANTS.get(fields.get("variant"), {})  # type: ignore[call-overload]
+        run = SimpleNamespace(**{**defaults, **made, **fields})
         found = O.inapplicable(TrainConfig, run, [k for k, v in fields.items()
                                                   if v != defaults[k]])
         if found is None:

@@ -332,3 +332,15 @@ def test_a_sweeps_knobs_apply_where_they_can():
         algo="hogwild", threads=2, lr=0.01)
     assert config_where_it_applies(algo="interval", threads=2, **knobs) == TrainConfig(
         algo="interval", threads=2, interval=8, gate="drop", lr=0.01)
+
+
+def test_a_sweeps_knobs_apply_to_what_a_variant_makes_of_the_run():
+    """A variant names its algorithm: the knobs are judged against that
+    algorithm, not against the default sequential one (which would drop the
+    thread count and every gate knob)."""
+    from iasgd.config import config_where_it_applies
+
+    cfg = config_where_it_applies(variant="interval-decay", threads=8, y0=8, decay_every=16,
+                                  window=4)
+    assert cfg == TrainConfig(variant="interval-decay", threads=8, y0=8, decay_every=16)
+    assert (cfg.algo, cfg.threads, cfg.interval_schedule) == ("interval", 8, "decay")
