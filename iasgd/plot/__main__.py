@@ -1,0 +1,7 @@
+"""`python -m iasgd.plot`: see iasgd.plot.cli."""
+
+import sys
+
+from iasgd.plot.cli import main
+
+sys.exit(main())
