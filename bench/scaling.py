@@ -13,10 +13,11 @@ at every count of --threads. Every (algorithm, thread count, learning rate,
 seed) runs on its own, one
 after another, for --time-budget seconds of training (evaluation excluded).
 The script prints a table per learning rate and target (a row per algorithm
-and thread count) and writes bench/results/<name>.json, <name>.md and PNG
-plots: throughput vs threads, time to each target accuracy vs threads, test
-accuracy vs training time, and the staleness distribution of each algorithm
-at the largest thread count (per learning rate when --lrs has several).
+and thread count) and writes bench/results/<name>.json (the sweep file, whose
+format iasgd/sweeps.py defines), <name>.md and PNG plots: throughput vs
+threads, time to each target accuracy vs threads, test accuracy vs training
+time, and the staleness distribution of each algorithm at the largest
+thread count (per learning rate when --lrs has several).
 
 Time to target is interpolated between evaluations: every --eval-every
 applied updates when given (outside the training clock), else epoch ends.
@@ -49,13 +50,14 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from iasgd import data as datasets  # noqa: E402
-from iasgd import engine, files, results  # noqa: E402
-from iasgd.algorithms import VARIANTS, sweep_variant  # noqa: E402
+from iasgd import engine, results, sweeps  # noqa: E402
+from iasgd.algorithms import sweep_variant  # noqa: E402
 from iasgd.config import config_where_it_applies  # noqa: E402
 from iasgd.executors import simulated as sim  # noqa: E402
 from iasgd.nn import models  # noqa: E402
+from iasgd.sweeps import accuracy_points  # noqa: E402
 
-ALGOS = VARIANTS  # sweep name -> TrainConfig fields
+ALGOS = sweeps.ALGOS  # sweep name -> TrainConfig fields
 PASSED_THROUGH = ("batch_size", "lr", "momentum", "interval", "gate", "y0", "y_min",
                   "decay_every", "decay_by", "probe_offset", "probe_step", "probe_steps",
                   "exec_steps", "window", "staleness_budget")
@@ -179,27 +181,14 @@ def key(x: float) -> str:
     return f"{x:g}"
 
 
-def upgraded(options: dict) -> dict:
-    """A saved sweep's options with the knobs of newer sweeps: older files
-    name one target_accuracy, run one lr, evaluate at epoch ends only and
-    have no staleness budget."""
-    options = dict(options)
-    target = options.pop("target_accuracy", 0.5)
-    options.setdefault("targets", [target])
-    options.setdefault("lrs", [options.get("lr", engine.TrainConfig.lr)])
-    options.setdefault("eval_every", 0)
-    options.setdefault("staleness_budget", engine.TrainConfig.staleness_budget)
-    return options
-
-
 def finished_runs(partial: Path, args: argparse.Namespace) -> tuple[dict, float]:
     """The runs an interrupted sweep with the same options saved in `partial`,
     and the seconds it ran; exits with code 2 and one line when the options
     differ (the targets may: time to target is computed when reporting)."""
     if not partial.exists():
         return {}, 0.0
-    saved = json.loads(partial.read_text())
-    options = {k: v for k, v in upgraded(saved["options"]).items() if k != "targets"}
+    saved = read_sweep(partial, "--resume")
+    options = {k: v for k, v in sweeps.upgraded(saved["options"]).items() if k != "targets"}
     current = json.loads(json.dumps(sweep_options(args)))  # as the file holds them
     changed = sorted(k for k in current.keys() | options.keys()
                      if options.get(k) != current.get(k))
@@ -212,19 +201,20 @@ def finished_runs(partial: Path, args: argparse.Namespace) -> tuple[dict, float]
 
 def runs_by_threads(saved: dict, options: dict) -> dict[str, dict[int, list[dict]]]:
     """Runs as a JSON file holds them (thread counts as strings), keyed by
-    int; each run tagged with its lr and seed (files older than --lrs: the
-    sweep's one lr, and the seed is the run's place in its list)."""
-    runs: dict[str, dict[int, list[dict]]] = {}
-    for algo, by_n in saved.items():
-        for n, rs in by_n.items():
-            tagged, seen = [], {}
-            for run in rs:
-                run = {"lr": options["lrs"][0], **run}
-                run.setdefault("seed", seen.get(key(run["lr"]), 0))
-                seen[key(run["lr"])] = seen.get(key(run["lr"]), 0) + 1
-                tagged.append(run)
-            runs.setdefault(algo, {})[int(n)] = tagged
-    return runs
+    int; each run tagged with its lr and seed (sweeps.tagged: files older
+    than --lrs ran the sweep's one lr)."""
+    return {algo: {int(n): sweeps.tagged(rs, options["lrs"][0]) for n, rs in by_n.items()}
+            for algo, by_n in saved.items()}
+
+
+def read_sweep(path: Path, option: str) -> dict:
+    """The sweep in `path` with what the tables need; exits with code 2 and
+    one line (naming `option`) if it is not one."""
+    try:
+        return sweeps.read(path, sweeps.PLOTTED + sweeps.REPORTED)
+    except sweeps.SweepError as e:
+        print(f"scaling.py: {option} {e}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def runs_of(runs: dict, algo: str, n: int, lr: float) -> list[dict]:
@@ -249,31 +239,10 @@ def run_one(model, data, cfg: engine.TrainConfig, targets: list[float],
     else:
         step_time, cores, costs = simulation
         result = sim.simulate(model, data, cfg, step_time, cores=cores, costs=costs)
-    doc = results.results_document({}, result, model.num_params)
-    run = {
-        "lr": cfg.lr,
-        "seed": cfg.seed,
-        "samples_per_s": doc["samples_per_s"],
-        "staleness_mean": doc["staleness"]["mean"],
-        "staleness_max": doc["staleness"]["max"],
-        "staleness_hist": doc["staleness"]["hist"],
-        "acceptance_rate": doc["acceptance_rate"],
-        "final_accuracy": doc["final_test_accuracy"],
-        "status": str(doc["status"]),
-        "eval_time_s": doc["eval_time_s"],
-        "curve": [[e["wall_s"], e["test_accuracy"]] for e in doc["epochs"]],
-        "evals": doc["evals"],  # [training s, applied, accuracy]
-    }
+    run = sweeps.record(results.results_document({}, result, model.num_params), cfg.lr,
+                        cfg.seed)
     score(run, targets)
     return run
-
-
-def accuracy_points(run: dict) -> list[list[float]]:
-    """[seconds, accuracy] of every evaluation of a run: its evals when it
-    has them (they include the epoch ends), else its epoch ends."""
-    if run.get("evals"):
-        return [[t, acc] for t, _, acc in run["evals"]]
-    return run["curve"]
 
 
 def score(run: dict, targets: list[float]) -> None:
@@ -578,7 +547,7 @@ def run_sweep(args: argparse.Namespace, out: Path) -> tuple[dict, float]:
                                   simulation)
             runs.setdefault(algo, {}).setdefault(n, []).append(run)
             # after every run, so an interrupted sweep loses at most one run
-            files.write_json_atomic(partial, {
+            sweeps.write(partial, {
                 "options": sweep_options(args), "runs": runs,
                 "seconds": seconds_before + time.perf_counter() - t_start})
             print(f"{run['samples_per_s']:,.0f} samples/s, "
@@ -656,13 +625,8 @@ def rescored_runs(args: argparse.Namespace) -> tuple[argparse.Namespace, dict, d
     sweep's options (with the targets, name and output folder), its runs
     and the saved document."""
     path = Path(args.from_results)
-    try:
-        saved = json.loads(path.read_text())
-        options, runs = upgraded(saved["options"]), saved["runs"]
-    except (OSError, ValueError, KeyError, AttributeError, TypeError) as e:
-        print(f"scaling.py: --from-results {path}: not a sweep results file ({e})",
-              file=sys.stderr)
-        raise SystemExit(2) from None
+    saved = read_sweep(path, "--from-results")
+    options, runs = sweeps.upgraded(saved["options"]), saved["runs"]
     keep = {"targets": args.targets or options["targets"], "out_dir": args.out_dir,
             "name": args.name or path.stem}
     args = argparse.Namespace(**{**options, **keep, "from_results": str(path)})
@@ -695,7 +659,7 @@ def write_report(args: argparse.Namespace, runs: dict, out: Path, facts: dict) -
                             for lr, by_algo in summary.items()},
                 "headline": headline_rows,
                 "runs": {a: {str(n): rs for n, rs in by_n.items()} for a, by_n in runs.items()}}
-    files.write_json_atomic(named(out, ".json"), document)
+    sweeps.write(named(out, ".json"), document)
     named(out, ".md").write_text(text + "\n")
     paths = plot(summary, runs, args, out)
     print(f"wrote {named(out, '.json')}, {named(out, '.md')} and "

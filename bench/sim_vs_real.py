@@ -23,7 +23,6 @@ matplotlib, <name>.png (staleness CDFs and accuracy per epoch).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -33,20 +32,19 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from iasgd import files  # noqa: E402
+from iasgd import files, sweeps  # noqa: E402
 
 
 def runs_at(path: Path, threads: int) -> dict[str, list[dict]]:
     """{algorithm: runs at `threads`} of a sweep file (finished or partial);
     exits with code 2 and one line if the file is not a sweep."""
     try:
-        saved = json.loads(path.read_text())
-        return {algo: by_n[str(threads)] for algo, by_n in saved["runs"].items()
-                if str(threads) in by_n}
-    except (OSError, ValueError, KeyError, AttributeError, TypeError) as e:
-        print(f"sim_vs_real.py: {path}: not a bench/scaling.py results file ({e})",
-              file=sys.stderr)
+        saved = sweeps.read(path)
+    except sweeps.SweepError as e:
+        print(f"sim_vs_real.py: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+    return {algo: by_n[str(threads)] for algo, by_n in saved["runs"].items()
+            if str(threads) in by_n}
 
 
 def pooled_hist(runs: list[dict]) -> np.ndarray:

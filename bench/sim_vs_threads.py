@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import statistics
 import sys
@@ -54,7 +53,7 @@ import sim_vs_real  # noqa: E402  (bench/, beside this file)
 from scaling import foreign_share, machine_cpu_s  # noqa: E402
 
 from iasgd import data as datasets  # noqa: E402
-from iasgd import engine, files  # noqa: E402
+from iasgd import engine, files, sweeps  # noqa: E402
 from iasgd.algorithms import sweep_variant  # noqa: E402
 from iasgd.config import config_where_it_applies  # noqa: E402
 from iasgd.executors import simulated as sim  # noqa: E402
@@ -193,7 +192,11 @@ def simulated_staleness(name: str, threads: int, cores: int, step_s: float, opti
 
 
 def recorded_mode(args: argparse.Namespace) -> dict:
-    saved = json.loads(Path(args.recorded).read_text())
+    try:
+        saved = sweeps.read(args.recorded, (*sweeps.PLOTTED, "samples_per_s"))
+    except sweeps.SweepError as e:
+        print(f"sim_vs_threads.py: --recorded {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     options, cpus = saved["options"], saved["machine"]["cpu_count"]
     costs = sim.Costs(contention=args.contention, switch_s=args.switch,
                       live_reads=not args.snapshot_reads, slice_spread=args.slice_spread)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from iasgd import sweeps
 from iasgd.algorithms import ALGORITHMS, sweep_variant
 
 # sweep options copied into each picked run's configuration (the rest come from its name)
@@ -101,11 +102,6 @@ def _sweep_listing(runs: dict[str, Any]) -> str:
     return f"ALGO one of {', '.join(runs)}; THREADS one of {', '.join(map(str, threads))}"
 
 
-def _sweep_seed(saved: dict[str, Any], place: int) -> int:
-    """A sweep run's seed: recorded since --lrs; before, its place in the list."""
-    return int(saved.get("seed", place))
-
-
 def sweep_runs(doc: dict[str, Any], source: str, pick: list[str]) -> list[Run]:
     """Runs of a bench/scaling.py sweep: pick = [ALGOS, THREADS] (every seed) or
     [ALGOS, THREADS, SEEDS], each a comma-separated list; runs in that order."""
@@ -124,26 +120,28 @@ def _sweep_pick(doc: dict[str, Any], source: str, algo: str, threads: str,
     runs = doc["runs"]
     if algo not in runs or threads not in runs[algo]:
         raise PlotError(f"{source} has no runs {algo}:{threads} ({_sweep_listing(runs)})")
-    saved = runs[algo][threads]
-    have = sorted({_sweep_seed(s, i) for i, s in enumerate(saved)})
+    saved = sweeps.tagged(runs[algo][threads], doc["options"].get("lr"))
+    have = sorted({int(s["seed"]) for s in saved})
     for seed in seeds or []:
         if not seed.isdigit() or int(seed) not in have:
             raise PlotError(f"{source}:{algo}:{threads} has seeds {have[0]}-{have[-1]}, "
                             f"not {seed}")
     wanted = set(have) if seeds is None else {int(s) for s in seeds}
-    return [_sweep_run(doc, source, algo, int(threads), s, _sweep_seed(s, i))
-            for i, s in enumerate(saved) if _sweep_seed(s, i) in wanted]
+    return [_sweep_run(doc, source, algo, int(threads), s) for s in saved
+            if int(s["seed"]) in wanted]
 
 
 def _sweep_run(doc: dict[str, Any], source: str, algo: str, threads: int,
-               saved: dict[str, Any], seed: int) -> Run:
+               saved: sweeps.Record) -> Run:
+    """One record of a sweep (tagged with its lr and seed) as a Run."""
     options = doc["options"]
     config = {k: options.get(k) for k in SWEEP_OPTIONS}
-    config.update(sweep_variant(algo) or {"algo": algo}, threads=threads, seed=seed,
-                  lr=saved.get("lr", options.get("lr")), model=options.get("model") or "lenet")
+    config.update(sweep_variant(algo) or {"algo": algo}, threads=threads,
+                  seed=int(saved["seed"]), lr=saved["lr"],
+                  model=options.get("model") or "lenet")
     bound, known = _sweep_bound(config)
     # every evaluation when the sweep had --eval-every, as its time to target used
-    points = [(t, a) for t, _, a in saved["evals"]] if saved.get("evals") else saved["curve"]
+    points = sweeps.accuracy_points(saved)
     return Run(config=config, simulated=bool(doc.get("simulated")), source=f"{source}:{algo}",
                time_s=[_number(t) for t, _ in points], accuracy=[_number(a) for _, a in points],
                hist=_histogram(saved["staleness_hist"]), bound=bound, bound_known=known)
@@ -182,14 +180,16 @@ def load(spec: str) -> list[Run]:
     except json.JSONDecodeError as e:
         raise PlotError(f"{path} is not JSON ({e.msg} at line {e.lineno})") from None
     try:
-        if isinstance(doc, dict) and "runs" in doc and "options" in doc:
-            return sweep_runs(doc, str(path), pick)
+        if sweeps.is_sweep(doc):
+            return sweep_runs(sweeps.check(doc, str(path)), str(path), pick)
         if pick:
             raise PlotError(f"{path} is not a bench/scaling.py sweep: name the file alone")
         if isinstance(doc, dict) and "config" in doc and "epochs" in doc:
             return [results_run(doc, str(path))]
     except PlotError:
         raise
+    except sweeps.SweepError as e:
+        raise PlotError(str(e)) from None
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise PlotError(f"{path} looks like iasgd results but is damaged "
                         f"({type(e).__name__}: {e})") from None

@@ -195,7 +195,9 @@ def test_from_results_refuses_a_file_that_is_not_a_sweep(tmp_path, capsys):
     with pytest.raises(SystemExit) as stop:
         scaling.main(["--from-results", str(tmp_path / "x.json")])
     assert stop.value.code == 2
-    assert "not a sweep results file" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "is not a bench/scaling.py sweep (no options and runs)" in err
+    assert err.startswith("scaling.py: --from-results ") and err.count("\n") == 1
 
 
 def test_quick_sweep_passes_the_model_through(tmp_path):

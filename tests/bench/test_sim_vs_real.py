@@ -61,4 +61,5 @@ def test_a_file_that_is_not_a_sweep_is_one_line_and_exit_2(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         sim_vs_real.main(["--real", str(bad), "--sim", str(bad)])
     assert e.value.code == 2
-    assert "not a bench/scaling.py results file" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "is not a bench/scaling.py sweep (not a JSON object)" in err and err.count("\n") == 1

@@ -9,7 +9,7 @@ import sys
 import pytest
 from documents import PNG_MAGIC, REPO, results, sweep, sweep_of, write
 
-from iasgd import run
+from iasgd import run, sweeps
 from iasgd.algorithms import VARIANTS
 from iasgd.plot import cli, grouping, readers
 
@@ -48,13 +48,13 @@ def test_sweep_runs_are_picked_by_algorithm_threads_and_seed(tmp_path, capsys):
 
 
 def test_the_shipped_sweeps_can_be_plotted(tmp_path):
-    """Runs of bench/results/*.json; the sweep names plot reads are bench/scaling.py's ALGOS."""
+    """Runs of bench/results/*.json; the sweep names plot reads are bench/scaling.py's."""
     sys.path.insert(0, str(REPO / "bench"))
     try:
         import scaling
     finally:
         sys.path.remove(str(REPO / "bench"))
-    assert scaling.ALGOS is VARIANTS  # what readers.sweep_runs names through sweep_variant
+    assert scaling.ALGOS is sweeps.ALGOS is VARIANTS  # the names sweep_variant reads
     real = REPO / "bench/results/cifar10-1-2-4-8-16.json"
     simulated = REPO / "bench/results/simulated-cifar10-16-128.json"
     out = tmp_path / "f.png"
@@ -115,3 +115,21 @@ def test_damaged_results_are_one_line(tmp_path, capsys, make, needle):
     assert cli.main([path]) == 2
     err = capsys.readouterr().err
     assert needle in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(("change", "needle"), [
+    (lambda doc: doc["runs"]["hogwild"]["8"][0].pop("staleness_hist"),
+     "is not a bench/scaling.py sweep (runs[hogwild][8][0] has no staleness_hist)"),
+    (lambda doc: doc["runs"].update(hogwild=[]),
+     "is not a bench/scaling.py sweep (runs[hogwild] is not an object of thread counts)"),
+    (lambda doc: doc.update(version=sweeps.VERSION + 1), "newer than this iasgd reads"),
+])
+def test_a_damaged_sweep_is_one_line(tmp_path, capsys, change, needle):
+    doc = sweep()
+    doc["runs"]["hogwild"]["8"] = [dict(r) for r in doc["runs"]["hogwild"]["8"]]
+    change(doc)
+    path = write(tmp_path / "s.json", doc)
+    assert cli.main([f"{path}:interval-decay:2"]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.startswith(f"iasgd: error: {path} ") and err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.json"]
