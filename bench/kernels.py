@@ -89,16 +89,10 @@ def sgemm_gflops(seconds: float = 1.0) -> float:
 
 def op_flops(row: np.ndarray, n: int) -> tuple[float, float]:
     """FLOPs of a plan row's forward and backward for n samples (2 per
-    multiply-add; the conv's wide junk columns not counted)."""
-    op = row[K.P_OP]
-    if op == K.OP_CONV:
-        k = row[K.P_K]
-        one = 2.0 * n * row[K.P_CO] * row[K.P_C] * k * k * row[K.P_OH] * row[K.P_OW]
-    elif op == K.OP_DENSE:
-        one = 2.0 * n * row[K.P_CO] * row[K.P_C]
-    else:
-        return 0.0, 0.0
-    return one, one * (2 if row[K.P_GRAD] else 1)  # weights (+ input) gradient
+    multiply-add; the conv's wide junk columns not counted): its kind's count."""
+    from iasgd.nn import layers  # the parent's tree only (a --baseline child may lack it)
+
+    return layers.row_op(row).flops(row, n)
 
 
 def model_flops(model: models.Model) -> float:
@@ -107,38 +101,33 @@ def model_flops(model: models.Model) -> float:
     return sum(sum(op_flops(row, 1)) for row in plan)
 
 
-@numba.njit(nogil=True)
-def _repeat_forward_op(params, net, i, acts, argmax, n, reps):
-    plan = net.plan
-    for _ in range(reps):
-        net.ops[plan[i, K.P_FWD]](params, acts, plan, i, acts, acts, argmax, n)
+def op_repeaters() -> tuple[Callable[..., None], Callable[..., None]]:
+    """Compiled loops that repeat one plan row's forward, or its backward
+    (built here: the plan's columns come from the parent's tree, which a
+    --baseline child, importing this file, may not have)."""
+    from iasgd.nn.plan import P_DW, P_DX, P_FWD
 
+    @numba.njit(nogil=True)
+    def forward(params, net, i, acts, argmax, n, reps):
+        plan = net.plan
+        for _ in range(reps):
+            net.ops[plan[i, P_FWD]](params, acts, plan, i, acts, acts, argmax, n)
 
-@numba.njit(nogil=True)
-def _repeat_backward_op(params, grad, net, i, acts, dacts, argmax, n, reps):
-    plan = net.plan
-    for _ in range(reps):
-        net.ops[plan[i, K.P_DW]](params, grad, plan, i, acts, dacts, argmax, n)
-        net.ops[plan[i, K.P_DX]](params, grad, plan, i, acts, dacts, argmax, n)
+    @numba.njit(nogil=True)
+    def backward(params, grad, net, i, acts, dacts, argmax, n, reps):
+        plan = net.plan
+        for _ in range(reps):
+            net.ops[plan[i, P_DW]](params, grad, plan, i, acts, dacts, argmax, n)
+            net.ops[plan[i, P_DX]](params, grad, plan, i, acts, dacts, argmax, n)
+
+    return forward, backward
 
 
 def op_label(row: np.ndarray) -> str:
-    """conv 32->64 k3 on 18x18, dense 4096->128, pool 32x32x32, ..."""
-    name = K.OP_NAMES[row[K.P_OP]]
-    c, h, w, co = row[K.P_C], row[K.P_H], row[K.P_W], row[K.P_CO]
-    if row[K.P_OP] == K.OP_CONV:
-        bits = row[K.P_GEMM]
-        gemm = "/".join(label for bit, label in ((K.GEMM_FORWARD, "fwd"), (K.GEMM_WEIGHTS, "dw"),
-                                                 (K.GEMM_INPUT, "dx")) if bits & bit)
-        simd = "/".join(label for bit, label in ((K.SIMD_FORWARD, "fwd"), (K.SIMD_WEIGHTS, "dw"))
-                        if bits & bit)
-        ways = ([f"gemm {gemm}"] if gemm else []) + ([f"simd {simd}"] if simd else [])
-        return f"conv {c}->{co} k{row[K.P_K]} on {h}x{w}" + (f" ({', '.join(ways)})" if ways
-                                                              else "")
-    if row[K.P_OP] == K.OP_DENSE:
-        return f"dense {c}->{co}" + (" +relu" if row[K.P_RELU] else "")
-    return f"{name} {c}x{h}x{w}" + (" +relu" if row[K.P_OP] == K.OP_POOL and row[K.P_RELU]
-                                    else "")
+    """conv 32->64 k3 on 18x18, dense 4096->128, pool 32x32x32, ...: its kind's label."""
+    from iasgd.nn import layers
+
+    return layers.row_op(row).describe(row)
 
 
 def _rate(flops: float, seconds: float) -> str:
@@ -170,6 +159,7 @@ def op_breakdown(model: models.Model, batch: int, seconds: float = 0.05) -> list
 
     lines = []
     total = [0.0, 0.0]
+    _repeat_forward_op, _repeat_backward_op = op_repeaters()
     for i, row in enumerate(ws.plan):
         fwd = timed(lambda r, i=i: _repeat_forward_op(params, ws.net, i, ws.acts, ws.argmax,
                                                       n, r))

@@ -46,7 +46,8 @@ import numpy as np
 from iasgd import checkpoints, files
 from iasgd.data.own import npz_problem
 from iasgd.nn import models
-from iasgd.nn.models import Conv, Dense, Flatten, Model, Pool, ReLU
+from iasgd.nn.layers import kind_of
+from iasgd.nn.models import Model
 
 if TYPE_CHECKING:  # torch is optional: imported where a .pt or a torch module is asked for
     import torch
@@ -345,42 +346,27 @@ def torch_module(spec: Mapping[str, Any] | Model) -> torch.nn.Sequential:
 
     Its parameters are named and shaped like iasgd's (conv1.weight, ...,
     fc1.weight, ...); parameterless modules are relu1, pool1, flatten1, ....
-    What iasgd's layers are in torch: conv = Conv2d (stride 1, zero padding
-    (k-1)/2 for "same"), pool = MaxPool2d(2) (floor), relu = ReLU, a dense
-    layer on a map flattens it first (C order, Flatten), dense = Linear.
+    Each layer kind says what it is in torch (iasgd.nn.layers, Kind.torch):
+    conv = Conv2d (stride 1, zero padding (k-1)/2 for "same"), pool =
+    MaxPool2d(2) (floor), relu = ReLU, a dense layer on a map flattens it
+    first (C order, Flatten), dense = Linear.
     Input: float32 (N, C, H, W) network inputs (uint8 pixels * input_scale +
     input_shift); output: logits (N, num_classes).
     """
     torch_ = _require("torch", "a PyTorch module")
-    nn = torch_.nn
     model = spec if isinstance(spec, Model) else build_model(spec)
     modules: OrderedDict[str, torch.nn.Module] = OrderedDict()
     counts: dict[str, int] = {}
-
-    def add(kind: str, module: torch.nn.Module) -> None:
-        counts[kind] = counts.get(kind, 0) + 1
-        modules[f"{kind}{counts[kind]}"] = module
-
     shape: tuple[int, ...] = model.input_shape
     for ls in model.shapes:
-        layer = ls.layer
-        if isinstance(layer, Conv):
-            cin = model.layout_shape(f"{ls.name}.weight")[1]
-            pad = (layer.k - 1) // 2 if layer.padding == "same" else 0
-            modules[ls.name] = nn.Conv2d(cin, layer.out, layer.k, padding=pad)
-        elif isinstance(layer, Dense):
-            if len(shape) == 3:  # iasgd's dense flattens a map itself
-                add("flatten", nn.Flatten())
-            out, inp = model.layout_shape(f"{ls.name}.weight")
-            modules[ls.name] = nn.Linear(inp, out)
-        elif isinstance(layer, ReLU):
-            add("relu", nn.ReLU())
-        elif isinstance(layer, Pool):
-            add("pool", nn.MaxPool2d(2))
-        elif isinstance(layer, Flatten):
-            add("flatten", nn.Flatten())
+        for name, module in kind_of(ls.layer).torch(ls, shape):
+            if any(True for _ in module.parameters()):
+                modules[ls.name] = module  # named like iasgd's tensors
+            else:
+                counts[name] = counts.get(name, 0) + 1
+                modules[f"{name}{counts[name]}"] = module
         shape = ls.shape
-    return nn.Sequential(modules)
+    return torch_.nn.Sequential(modules)
 
 
 def load_torch(path: str | Path) -> torch.nn.Sequential:

@@ -404,7 +404,7 @@ def _main(argv: list[str]) -> int:
         return EXIT_USAGE
     display.say(describe(cfg, opts, model, data, time.perf_counter() - t0))
     if not opts.quiet:
-        plan = models.activation_plan(model.arch, model.layout, 1).table
+        plan = models.lower(model.arch, model.layout, 1).table
         seconds = precompile.compile_estimate(cfg.algo, plan, usable_cores(), opts.simulate)
         if seconds:
             display.compiling(compile_range(seconds, usable_cores()))
@@ -490,7 +490,7 @@ def write_results(out: str, document: dict, checkpoint: str | None) -> bool:
 def workspace_bytes(model: models.Model, cfg: TrainConfig) -> int:
     """Memory of the workers' buffers: activations and their gradients (float32)
     plus a gradient and a parameter copy each."""
-    acts = model.plan(cfg.batch_size).acts_size
+    acts = model.lowered(cfg.batch_size).acts_size
     return cfg.threads * (8 * acts + 8 * model.num_params)
 
 

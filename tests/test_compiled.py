@@ -16,7 +16,7 @@ import numba
 import pytest
 
 from iasgd import compiled
-from iasgd.nn import kernels as K
+from iasgd.nn import network as K
 
 PACKAGE = Path(compiled.__file__).parent
 
@@ -35,10 +35,11 @@ def append_comment(path: Path) -> None:
 
 def test_compiled_sources_are_the_modules_with_compiled_code() -> None:
     names = {path.relative_to(PACKAGE).as_posix() for path in compiled.compiled_sources()}
-    assert {"protocol/atomics.py", "compiled.py", "protocol/gate.py", "nn/kernels.py",
-            "protocol/workers.py"} <= names
+    assert {"protocol/atomics.py", "compiled.py", "protocol/gate.py", "nn/network.py",
+            "nn/plan.py", "nn/layers/conv.py", "nn/conv/direct.py", "protocol/workers.py",
+            "executors/exchange.py"} <= names
     assert not names & {"run.py", "data/loader.py", "nn/models.py", "engine.py", "__init__.py",
-                        "executors/threads.py", "executors/simulated.py"}
+                        "executors/threads.py", "executors/simulated.py", "nn/kinds.py"}
 
 
 def test_every_compiled_module_takes_its_flags_from_here() -> None:
@@ -56,8 +57,8 @@ def test_editing_a_plain_module_keeps_the_key(package_copy: Path) -> None:
     assert compiled.cache_key(package_copy) == key
 
 
-@pytest.mark.parametrize("name", ["nn/kernels.py", "protocol/workers.py", "protocol/gate.py",
-                                  "protocol/atomics.py", "compiled.py"])
+@pytest.mark.parametrize("name", ["nn/network.py", "nn/layers/dense.py", "protocol/workers.py",
+                                  "protocol/gate.py", "protocol/atomics.py", "compiled.py"])
 def test_editing_a_compiled_module_changes_the_key(name: str, package_copy: Path) -> None:
     key = compiled.cache_key(package_copy)
     append_comment(package_copy / name)
@@ -75,7 +76,7 @@ def test_a_new_module_with_compiled_code_joins_the_key(folder: str, package_copy
 def test_moving_a_compiled_module_changes_the_key(package_copy: Path) -> None:
     """The key covers where a compiled module lives, not only what it says."""
     key = compiled.cache_key(package_copy)
-    (package_copy / "nn" / "kernels.py").rename(package_copy / "protocol" / "kernels.py")
+    (package_copy / "nn" / "network.py").rename(package_copy / "protocol" / "network.py")
     assert compiled.cache_key(package_copy) != key
 
 

@@ -64,7 +64,7 @@ from iasgd import results
 from iasgd.algorithms import ALGORITHMS, POLICIES, staleness_bound
 from iasgd.config import TrainConfig, steps_per_epoch
 from iasgd.data import Dataset
-from iasgd.nn import kernels as K
+from iasgd.executors import exchange as K  # its vector ops, and all_finite
 from iasgd.nn.blas import single_threaded_blas
 from iasgd.nn.models import Model
 from iasgd.protocol import gate as G

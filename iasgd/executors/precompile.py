@@ -48,26 +48,18 @@ from typing import Any, Protocol
 import numpy as np
 
 from iasgd.algorithms import ALGORITHMS
-from iasgd.nn import kernels as K
-from iasgd.nn import models, ops
+from iasgd.nn import models, network, ops
+from iasgd.nn.plan import nothing
 from iasgd.protocol import workers
 
 # Seconds that compiling each kind of job takes in a child on an idle 2-core
-# VM (each job clocked in cold runs, 2026-12-02, with every function below
-# an op, the steps or a worker loop inlined: sequential steps 1.5-2.0, the
-# interval/Hogwild!/async worker loop 5.0, sync's 3.5; evaluation 0.6-1.0;
-# the direct conv ops 1.2-1.5 since their (channel, kernel row) loops are
-# one loop each, the 5x5 vector conv passes 1.9-2.0, the 3x3 vector forward
-# 1.5, dense 0.7-1.6, pool 0.5-0.9). The steps job covers the network's
-# passes; a worker loop adds the loop. Loading what the children cached
-# takes about LOAD_S (0.4-0.5 s).
-# The VM's speed drifts by up to 30 % between hours.
+# VM (the cold runs they come from: bench/results/compile-times.md); a layer
+# op's estimate is its kind's (iasgd.nn.layers, RowOp.compile_s). The steps
+# job covers the network's passes; a worker loop adds the loop. Loading what
+# the children cached takes about LOAD_S.
 STEPS_COMPILE_S = 1.8
 EVALUATION_COMPILE_S = 0.9
 WORKER_LOOP_COMPILE_S = 3.0
-# by the op's name (the first prefix that matches; any other: OTHER_OP_S)
-OP_COMPILE_S = {"conv5_simd": 1.9, "conv": 1.5, "dense": 1.3}
-OTHER_OP_S = 0.9
 LOAD_S = 0.5
 # Each compiling process holds a few hundred MB: more than this many children
 # would not shorten a cold start much (a model uses at most ~15 ops).
@@ -107,12 +99,12 @@ def kernel_entries(algo: str, simulate: bool = False, plan: np.ndarray | None = 
     calls): the training step or a worker loop, and the evaluation; and the
     layer ops (iasgd.nn.ops) that `plan`, a model's plan table, uses."""
     if not ALGORITHMS[algo].parallel:
-        entries = [K.train_steps, K.predict_images]
+        entries = [network.train_steps, network.predict_images]
     elif simulate:  # it measures step times, then makes the workers' calls one at a time
-        entries = [K.train_steps, workers.read_step, workers.compute_step, workers.apply_step,
-                   K.predict_images]
+        entries = [network.train_steps, workers.read_step, workers.compute_step, workers.apply_step,
+                   network.predict_images]
     else:
-        entries = [worker_loop(algo), K.predict_images]
+        entries = [worker_loop(algo), network.predict_images]
     return entries + (ops.used(plan) if plan is not None else [])
 
 
@@ -151,23 +143,22 @@ def jobs(algo: str, plan: np.ndarray, executor: Callable[[], LoadsKernels] | Non
     missing = _uncached(algo, False, cache_dir, plan)
     entries = [d for _, d in missing if d not in ops.OPS]
     found: list[Job] = []
-    if executor is not None and any(d is not K.predict_images for d in entries):
+    if executor is not None and any(d is not network.predict_images for d in entries):
         seconds = STEPS_COMPILE_S + WORKER_LOOP_COMPILE_S * ALGORITHMS[algo].parallel
         found.append(Job("steps", seconds,
                          lambda: _with_stand_ins(executor, lambda e: e.load_steps())))
-    if executor is not None and K.predict_images in entries:
+    if executor is not None and network.predict_images in entries:
         found.append(Job("evaluation", EVALUATION_COMPILE_S,
                          lambda: _with_stand_ins(executor, lambda e: e.load_evaluation()),
                          deferred=True))
     # `nothing` is compiled before the children start (compile_ahead)
     return found + [Job(name, op_seconds(d), _op_compiler(d), load_early=True)
-                    for name, d in missing if d in ops.OPS and d is not K.nothing]
+                    for name, d in missing if d in ops.OPS and d is not nothing]
 
 
 def op_seconds(op: Any) -> float:
     """About how long compiling the layer op `op` takes."""
-    return next((seconds for prefix, seconds in OP_COMPILE_S.items()
-                 if op.__name__.startswith(prefix)), OTHER_OP_S)
+    return ops.COMPILE_S[op]  # each kind of row's estimates (iasgd.nn.layers)
 
 
 def _load(job: Job) -> None:
@@ -364,7 +355,7 @@ def compile_ahead(model: models.Model, algo: str, executor: Callable[[], LoadsKe
     `algo` on `model` needs and the cache lacks; `executor` builds the run's
     executor (None: the layer ops only). Returns the number of children (0:
     none were needed or could run; the run compiles in-process)."""
-    plan = models.activation_plan(model.arch, model.layout, 1).table
+    plan = models.lower(model.arch, model.layout, 1).table
     todo = jobs(algo, plan, executor)
     if todo:  # a cold start: the old code's caches are there to prune
         from iasgd import compiled  # here, for the reason in _uncached
@@ -374,7 +365,7 @@ def compile_ahead(model: models.Model, algo: str, executor: Callable[[], LoadsKe
     if processes:
         # the stand-ins' op, compiled here first: each child inherits numba's
         # compiler with its first-use setup done, instead of each doing it
-        ops.compiled_op(K.nothing)
+        ops.compiled_op(nothing)
         compiling = Children(todo, processes, finished=_load)
         compiling.report(until_deferred=True)
         if compiling.pipes:  # the evaluation, still compiling: the run starts

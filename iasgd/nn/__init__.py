@@ -1,3 +1,4 @@
-"""The networks: `kernels` (compiled forward and backward passes, pure
-functions on preallocated arrays) and `models` (layers, the flat parameter
-layout, the kernels' plan table, initialisation, the Model API and presets)."""
+"""The networks: `plan` (the plan format), `layers` (one module per layer
+kind, with its kernels and op functions; `conv` holds the conv kind's
+techniques), `ops` (the op table), `network` (the compiled passes over a
+plan) and `models` (the driver over the kinds, presets, the Model API)."""

@@ -2,16 +2,21 @@
 
 A model is a list of layers, the one description everything else is computed
 from, here and only here: the parameter layout in the flat float32 array
-(`Model.layout`) and the plan, one int64 table that the compiled kernels loop
-over (`iasgd.nn.kernels`, one row per op), with every activation's offset in a
-worker's flat workspace.
+(`Model.layout`) and the plan, one int64 table that the compiled network
+passes loop over (`iasgd.nn.plan`, one row per op), with every activation's
+offset in a worker's flat workspace.
 
-Layers: `Conv(out, k, padding)` (k odd, stride 1, "valid" or "same"), `ReLU()`,
-`Pool()` (2x2 max, stride 2, floor), `Flatten()`, `Dense(out)`; the last layer
-is the dense output layer (`Dense()` takes the dataset's class count). A dense
-layer after a spatial map flattens it (C order, as PyTorch's `flatten(1)`).
-The compact spec string (`--model`) is the same list, `docs/models.md` has its
-grammar. Presets:
+Everything a layer kind knows is its record (iasgd.nn.layers): the driver
+here only loops over the records. What it adds is the fusion step of the
+lowering (a ReLU joins the row before or after it that computes it) and the
+slice rule.
+
+Layers (one kind each, iasgd.nn.layers): `Conv(out, k, padding)` (k odd,
+stride 1, "valid" or "same"), `ReLU()`, `Pool()` (2x2 max, stride 2, floor),
+`Flatten()`, `Dense(out)`, ...; the last layer is the dense output layer
+(`Dense()` takes the dataset's class count). A dense layer after a spatial
+map flattens it (C order, as PyTorch's `flatten(1)`). The compact spec string
+(`--model`) is the same list, `docs/models.md` has its grammar. Presets:
 
 - lenet, CIFAR-10 (3x32x32):  conv 3->6, conv 6->16, dense 400->120->10  (52,202)
 - lenet, CIFAR-100:           same convs, dense 400->120->84->100        (69,656)
@@ -24,16 +29,24 @@ grammar. Presets:
 from __future__ import annotations
 
 import math
-import os
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from iasgd.data.registry import DATASETS
-from iasgd.nn import kernels as K
-from iasgd.nn import ops, simd
+from iasgd.nn import layers, network, ops
+from iasgd.nn.kinds import LayerShape, Lowering, Sizing
+from iasgd.nn.layers import kind_of
+from iasgd.nn.layers.conv import Conv
+from iasgd.nn.layers.dense import Dense
+from iasgd.nn.layers.flatten import Flatten
+from iasgd.nn.layers.pool import Pool
+from iasgd.nn.layers.relu import ReLU
+from iasgd.nn.plan import P_CO, P_OP, P_RELU, P_ZOFF, Buffers
+
+__all__ = ["Conv", "Dense", "Flatten", "LayerShape", "Pool", "ReLU"]  # the presets' kinds
 
 MODELS = ("lenet", "mlp", "vgg-small")  # the presets; --model also takes a spec
 DEFAULT_HIDDEN = (128, 128, 128)
@@ -58,59 +71,15 @@ LENET_HIDDEN = {10: (120,), 100: (120, 84)}  # by class count, as in the paper
 # conv net with 10x LeNet-5's compute and parameters).
 VGG_SMALL = "conv32k3s,relu,pool,conv64k3s,relu,pool,dense128,relu,dense"
 
+Layer = Any  # an instance of a layer kind's dataclass (Conv, ReLU, ...)
+
+_OUTPUTS = [kind.name for kind in layers.KINDS if kind.output]
+SPEC_HELP = ("layers: " + ", ".join(kind.grammar for kind in layers.KINDS)
+             + ", and last the output layer "
+             + " or ".join(f"{name} or {name}<classes>" for name in _OUTPUTS))
+
 
 # ------------------------------------------------------------------ layers
-
-
-@dataclass(frozen=True)
-class Conv:
-    """k x k convolution, stride 1; padding "valid" (none) or "same" ((k-1)/2)."""
-
-    out: int
-    k: int = 3
-    padding: str = "valid"
-
-    def spec(self) -> str:
-        return f"conv{self.out}k{self.k}{self.padding[0]}"
-
-
-@dataclass(frozen=True)
-class ReLU:
-    def spec(self) -> str:
-        return "relu"
-
-
-@dataclass(frozen=True)
-class Pool:
-    """2x2 max-pool, stride 2 (floor for odd sizes)."""
-
-    def spec(self) -> str:
-        return "pool"
-
-
-@dataclass(frozen=True)
-class Flatten:
-    def spec(self) -> str:
-        return "flatten"
-
-
-@dataclass(frozen=True)
-class Dense:
-    """Fully connected; out=None only for the output layer (the class count)."""
-
-    out: int | None = None
-
-    def spec(self) -> str:
-        return "dense" if self.out is None else f"dense{self.out}"
-
-
-Layer = Conv | ReLU | Pool | Flatten | Dense
-
-_TOKEN = re.compile(r"conv(?P<out>\d+)(?:k(?P<k>\d+))?(?P<pad>[sv])?|relu|pool|flatten"
-                    r"|dense(?P<dout>\d*)")
-SPEC_HELP = ("layers: conv<C>[k<K>][s|v] (C channels, odd kernel K, default 3, "
-             "s = same or v = valid padding, default v), relu, pool, flatten, dense<N>, "
-             "and last the output layer dense or dense<classes>")
 
 
 def parse_spec(spec: str) -> list[Layer]:
@@ -119,25 +88,20 @@ def parse_spec(spec: str) -> list[Layer]:
     Only the grammar is checked here; shapes are checked against a dataset by
     `build`. Raises ValueError naming the bad token.
     """
-    layers: list[Layer] = []
-    tokens = [t.strip() for t in spec.lower().split(",")]
-    for i, token in enumerate(tokens, start=1):
-        m = _TOKEN.fullmatch(token)
-        if m is None:
+    out: list[Layer] = []
+    for i, token in enumerate((t.strip() for t in spec.lower().split(",")), start=1):
+        found = next(((kind, m) for kind in layers.KINDS
+                      if (m := kind.pattern.fullmatch(token)) is not None), None)
+        if found is None:
             raise ValueError(f"unknown layer {token!r} (layer {i}); {SPEC_HELP}")
-        if token.startswith("conv"):
-            pad = {"s": "same", "v": "valid", None: "valid"}[m["pad"]]
-            layers.append(Conv(int(m["out"]), int(m["k"] or 3), pad))
-        elif token.startswith("dense"):
-            layers.append(Dense(int(m["dout"]) if m["dout"] else None))
-        else:
-            layers.append({"relu": ReLU(), "pool": Pool(), "flatten": Flatten()}[token])
-    return layers
+        kind, m = found
+        out.append(kind.parse(m))
+    return out
 
 
-def spec_string(layers: Sequence[Layer]) -> str:
+def spec_string(layer_list: Sequence[Layer]) -> str:
     """The canonical spec string of a layer list (parse_spec's inverse)."""
-    return ",".join(layer.spec() for layer in layers)
+    return ",".join(layer.spec() for layer in layer_list)
 
 
 @dataclass(frozen=True)
@@ -149,98 +113,49 @@ class Architecture:
     num_classes: int
 
 
-@dataclass(frozen=True)
-class LayerShape:
-    """A layer with its output shape ((C, H, W) or (D,)) and parameter tensors."""
-
-    layer: Layer
-    name: str  # conv1, fc2, relu, ... (parameter tensors are <name>.weight/.bias)
-    shape: tuple[int, ...]
-    params: tuple[tuple[str, tuple[int, ...]], ...]
-
-
 def lenet(input_shape: tuple[int, int, int], num_classes: int) -> Architecture:
     """LeNet-5 as in the paper (two conv blocks, dense head by class count)."""
     hidden = LENET_HIDDEN.get(num_classes, (120, 84))
-    layers = [Conv(6, 5), ReLU(), Pool(), Conv(16, 5), ReLU(), Pool()]
+    layer_list: list[Layer] = [Conv(6, 5), ReLU(), Pool(), Conv(16, 5), ReLU(), Pool()]
     for width in hidden:
-        layers += [Dense(width), ReLU()]
-    return Architecture(tuple(input_shape), (*layers, Dense()), num_classes)
+        layer_list += [Dense(width), ReLU()]
+    return Architecture(tuple(input_shape), (*layer_list, Dense()), num_classes)
 
 
 def mlp(input_shape: tuple[int, int, int], num_classes: int,
         hidden: tuple[int, ...] = DEFAULT_HIDDEN) -> Architecture:
     """Dense layers with ReLU on the flattened input."""
-    layers: list[Layer] = []
+    layer_list: list[Layer] = []
     for width in hidden:
-        layers += [Dense(width), ReLU()]
-    return Architecture(tuple(input_shape), (*layers, Dense()), num_classes)
+        layer_list += [Dense(width), ReLU()]
+    return Architecture(tuple(input_shape), (*layer_list, Dense()), num_classes)
 
 
 def layer_shapes(arch: Architecture) -> list[LayerShape]:
     """Check the layers against the input and give each one's output shape and
-    parameters. Raises ValueError with one clear line for a net that does not fit."""
+    parameters (named <prefix><count>.<tensor> by kind: conv1.weight, fc2.bias).
+    Raises ValueError with one clear line for a net that does not fit."""
     if arch.num_classes < 2:
         raise ValueError(f"need at least 2 classes, got {arch.num_classes}")
     if not arch.layers:
         raise ValueError("a model needs at least its output layer (dense)")
     last = arch.layers[-1]
-    if not isinstance(last, Dense):
-        raise ValueError(f"the last layer must be the dense output layer, got "
-                         f"{last.spec()!r}")
-    if last.out is not None and last.out != arch.num_classes:
-        raise ValueError(f"the output layer {last.spec()} must have {arch.num_classes} "
-                         f"outputs, the class count (write 'dense' to take it)")
+    if not kind_of(last).output:
+        raise ValueError(f"the last layer must be the {' or '.join(_OUTPUTS)} output layer, "
+                         f"got {last.spec()!r}")
     shape: tuple[int, ...] = tuple(arch.input_shape)
     out: list[LayerShape] = []
-    convs = denses = 0
+    counts: dict[str, int] = {}
     for i, layer in enumerate(arch.layers, start=1):
-        where = f"{layer.spec()} (layer {i})"
-        params: tuple[tuple[str, tuple[int, ...]], ...] = ()
-        if isinstance(layer, Conv):
-            if len(shape) != 3:
-                raise ValueError(f"{where} needs an image, but the map was flattened before")
-            if layer.out < 1:
-                raise ValueError(f"{where}: zero channels")
-            if layer.k < 1 or layer.k % 2 == 0:
-                raise ValueError(f"{where}: the kernel size must be odd, got {layer.k}")
-            if layer.padding not in ("valid", "same"):
-                raise ValueError(f"{where}: padding must be 'valid' or 'same'")
-            c, h, w = shape
-            if layer.padding == "valid":
-                if h < layer.k or w < layer.k:
-                    raise ValueError(f"{where}: its {h}x{w} input is too small for a "
-                                     f"{layer.k}x{layer.k} valid conv")
-                h, w = h - layer.k + 1, w - layer.k + 1
-            convs += 1
-            name = f"conv{convs}"
-            params = ((f"{name}.weight", (layer.out, c, layer.k, layer.k)),
-                      (f"{name}.bias", (layer.out,)))
-            shape = (layer.out, h, w)
-        elif isinstance(layer, Pool):
-            if len(shape) != 3:
-                raise ValueError(f"{where} needs an image, but the map was flattened before")
-            c, h, w = shape
-            if h < 2 or w < 2:
-                raise ValueError(f"{where}: its {h}x{w} input is too small for a 2x2 pool")
-            name, shape = "pool", (c, h // 2, w // 2)
-        elif isinstance(layer, Dense):
-            width = layer.out if layer.out is not None else arch.num_classes
-            if layer.out is None and i < len(arch.layers):
-                raise ValueError(f"{where}: only the output layer may omit its width")
-            if width < 1:
-                raise ValueError(f"{where}: zero outputs")
-            denses += 1
-            name = f"fc{denses}"
-            params = ((f"{name}.weight", (width, math.prod(shape))), (f"{name}.bias", (width,)))
-            shape = (width,)
-        elif isinstance(layer, Flatten):
-            name, shape = "flatten", (math.prod(shape),)
-        elif isinstance(layer, ReLU):
-            name = "relu"
-        else:
-            raise ValueError(f"unknown layer {layer!r}")
-        out.append(LayerShape(layer, name, shape, params))
+        kind = kind_of(layer)
+        sizing = Sizing(f"{layer.spec()} (layer {i})", arch.num_classes, i == len(arch.layers))
+        shape, params = kind.shape(layer, shape, sizing)
+        name = kind.name
+        if kind.prefix is not None:
+            counts[kind.prefix] = counts.get(kind.prefix, 0) + 1
+            name = f"{kind.prefix}{counts[kind.prefix]}"
+        out.append(LayerShape(layer, name, shape,
+                              tuple((f"{name}.{part}", s) for part, s in params)))
     return out
 
 
@@ -255,11 +170,14 @@ def parameter_layout(arch: Architecture) -> list[tuple[str, tuple[int, ...], int
     return layout
 
 
-@dataclass(frozen=True)
-class Plan:
-    """The kernels' plan for a batch capacity, and the workspace it needs.
+# ------------------------------------------------------------------ lowering
 
-    table: (ops, PLAN_COLUMNS) int64, one row per op (iasgd.nn.kernels);
+
+@dataclass(frozen=True)
+class Lowered:
+    """A model lowered for a batch capacity: its plan and the workspace it needs.
+
+    table: the plan, (rows, PLAN_COLUMNS) int64 (iasgd.nn.plan);
     acts_size / argmax_size: float32 / int32 workspace lengths; slice_size:
     the samples that every activation but the input has room for (a batch
     runs through the network that many at a time).
@@ -271,90 +189,12 @@ class Plan:
     slice_size: int
 
 
-# Which passes of a 3x3 or 5x5 conv run as BLAS GEMMs rather than the direct
-# kernels: the input gradient from 32 output channels on. Measured
-# single-threaded, GFLOP/s of the whole pass (im2col/col2im included), direct
-# vs GEMM, b = 16: input gradient 32 -> 64 3x3 (vgg-small): 45 vs 59, 6 -> 16
-# 5x5 (LeNet-5): 34 vs 31; weight gradient 67 vs 53 and 46 vs 25; forward 49 vs
-# 46 and 38 vs 17; the convs from 3 channels (3 -> 6 5x5, 3 -> 32 3x3) are
-# direct in every pass by a factor of 1.2-7.
-GEMM_INPUT_MIN_CHANNELS = 32
-# The explicit-vector forwards where the machine has the registers they are
-# written for (IASGD_SIMD=0 turns them off, e.g. to compare).
-# - 5x5 (16 output channels in the lanes): from 64 taps per output, and where
-#   a sample's input and a group of 16 channels' weights fit in 32 KB (L1 is
-#   48 KB here). Measured alone, b = 16, GFLOP/s direct vs vectors: LeNet-5's
-#   6 -> 16 (150 taps, 14 KB) 62 vs 171. The same scheme on vgg-small's 3x3
-#   convs was slower in place (3 -> 32: 88 vs 71; 32 -> 64: 89 vs 75 at b = 64).
-# - 3x3 (16 output pixels of a row in the lanes, conv3_forward_simd): every
-#   conv with output channels in whole blocks of K.SIMD3_CHANNELS, 16 columns
-#   and 2 rows. Alone, b = 8: vgg-small's 32 -> 64 98 vs 228, 3 -> 32 91 vs 171.
-SIMD = simd.available() and os.environ.get("IASGD_SIMD", "1") != "0"
-SIMD_MIN_TAPS = 64
-SIMD_MAX_FLOATS = 8192
-# The explicit-vector weight gradient of a 5x5 conv with whole vectors of
-# output channels, from 100 taps per output (4 input channels). Alone, b =
-# 16, GFLOP/s direct vs vectors: 6 -> 16 on 14x14 (LeNet-5) 57-70 vs 141,
-# 32 -> 64 on 12x12 53 vs 189, 8 -> 16 on 16x16 84 vs 162, 6 -> 32 on 9x9
-# 25 vs 115; on 32x32 maps, where the direct kernel's rows are long, 4 -> 16
-# 113 vs 113 and 3 -> 16 (75 taps) 127 vs 95.
-SIMD_WEIGHTS_MIN_TAPS = 100
-
-
-def conv_paths(k: int, out: int, needs_input_grad: bool, out_width: int = 0,
-               channels: int = 0, in_floats: int = 0, out_height: int = 0) -> int:
-    """The GEMM and SIMD bits (kernels.GEMM_*, SIMD_*) of a k x k conv
-    from `channels` to `out` channels with `out_width` output columns and
-    `in_floats` floats of input per sample (C*H*S), and `out_height` output
-    rows: other sizes than 3x3 and 5x5 run every pass as GEMMs. On a machine
-    with AVX-512 some passes run as explicit vectors (iasgd.nn.simd): a 5x5
-    conv with whole vectors of output channels, its forward with a block's
-    width of columns, SIMD_MIN_TAPS taps (channels * k * k) or more, and an
-    input that fits in L1 beside a group of weights (SIMD_MAX_FLOATS), its
-    weight gradient from SIMD_WEIGHTS_MIN_TAPS taps; a 3x3 conv's forward
-    with whole blocks of K.SIMD3_CHANNELS output channels, a vector's width
-    of columns and two rows."""
-    if k not in (3, 5):
-        return K.GEMM_ALL
-    bits = 0
-    taps = channels * k * k
-    vectors = SIMD and k == 5 and out % simd.LANES == 0
-    if (vectors and out_width >= K.SIMD_BLOCK and taps >= SIMD_MIN_TAPS
-            and in_floats + taps * simd.LANES <= SIMD_MAX_FLOATS):
-        bits |= K.SIMD_FORWARD
-    if vectors and taps >= SIMD_WEIGHTS_MIN_TAPS:
-        bits |= K.SIMD_WEIGHTS
-    if (SIMD and k == 3 and out % K.SIMD3_CHANNELS == 0 and out_width >= simd.LANES
-            and out_height >= 2):
-        bits |= K.SIMD_FORWARD
-    if needs_input_grad and out >= GEMM_INPUT_MIN_CHANNELS:
-        bits |= K.GEMM_INPUT
-    return bits
-
-
-def simd_scratch(c: int, k: int, out: int, out_pixels: int, bits: int) -> int:
-    """Floats of scratch the explicit-vector passes of a conv need (`bits`:
-    its SIMD_* bits): conv5_forward_lanes the reordered weights and one
-    block of accumulators, conv3_forward_lanes the reordered weights,
-    conv5_weights_lanes a sample's output gradient of 16 channels and their
-    weight gradient."""
-    block = K.SIMD_BLOCK * simd.LANES if k == 5 else 0
-    forward = c * k * k * out + block if bits & K.SIMD_FORWARD else 0
-    weights = (out_pixels + c * k * k) * simd.LANES if bits & K.SIMD_WEIGHTS else 0
-    return max(forward, weights)
-
-
 # A batch runs through the network SLICE_SAMPLES samples at a time when its
 # activations and their gradients overflow a core's L2 cache (L2_BYTES)
 # while the parameters fit in half of it: a slice's activations then stay in
 # L2, and the parameters and the partial gradient, read once more per slice,
-# stay there too. LeNet-5 at b = 64 (6.2 MB of activations, 0.2 MB of
-# parameters), whole batch vs slices of 16 taking turns in one process,
-# seven processes: 0.97-1.12x, median 1.07x (slices of 8 and 32 alike); b =
-# 128: 1.06x. With parameters larger than the cache the extra reads cost
-# more than the slices save (samples/s, whole vs slices of 32 / 16): mlp
-# (1.7 MB) at b = 64 49.3 k vs 38.9 / 47.2 k; vgg-small (2.1 MB) 2.57 k vs
-# 2.47 / 2.55 k.
+# stay there too. With parameters larger than the cache the extra reads cost
+# more than the slices save (measurements: bench/results/conv-paths.md, "Slices").
 L2_BYTES = 1 << 20  # this machine's (AMD EPYC) and many current x86 cores'
 SLICE_SAMPLES = 16
 
@@ -362,141 +202,74 @@ SLICE_SAMPLES = 16
 def slice_size(arch: Architecture, layout: list, num_params: int, capacity: int) -> int:
     """How many samples of a batch of up to `capacity` run through the
     network at a time: all of them or SLICE_SAMPLES (the rule above)."""
-    one, two = (activation_plan(arch, layout, n).acts_size for n in (1, 2))
+    one, two = (lower(arch, layout, n).acts_size for n in (1, 2))
     batch_bytes = 8 * (two - one) * capacity  # activations and their gradients
     if capacity > SLICE_SAMPLES and batch_bytes > L2_BYTES and 8 * num_params <= L2_BYTES:
         return SLICE_SAMPLES
     return capacity
 
 
-def activation_plan(arch: Architecture, layout: list, capacity: int,
-                    slice_size: int | None = None) -> Plan:
-    """Lower the layers to kernel ops and lay out the activations of `capacity`
+def lower(arch: Architecture, layout: list, capacity: int,
+          slice_size: int | None = None) -> Lowered:
+    """Lower the layers to plan rows and lay out the activations of `capacity`
     samples in one flat workspace.
 
-    The input occupies acts[: capacity * C*H*W]; each op's output follows. What
-    the lowering does, for speed with the same math: a ReLU right before a pool
-    or right after a dense layer is fused into it (max and ReLU commute), a
-    "same" conv is a pad op and a valid conv (right after a pool, no pad op:
-    the pool writes inside the zero border), a ReLU works in place, and a
-    flatten of a map without junk columns costs nothing. Convs that run a pass
-    as a GEMM or in vectors (`conv_paths`) share one sample's scratch after
-    the activations.
+    The input occupies acts[: capacity * C*H*W]; each row's output follows.
+    Each kind lowers its own layers (a "same" conv is a pad row and a valid
+    conv, a ReLU works in place, a flatten of a map without junk columns
+    costs nothing, a pool writes inside the zero border the next layer
+    wants); the fusion step here joins a ReLU to its neighbour (`_fuse_relu`).
+    Rows whose passes need scratch (conv paths) share one sample's worth
+    after the activations.
     """
-    offsets = {name: off for name, _, off in layout}
     shapes = layer_shapes(arch)
-    c, h, w = arch.input_shape
-    s = w  # row stride of the current map
-    spatial = True
-    acts = capacity * c * h * w
-    capacity = slice_size = min(capacity, slice_size or capacity)  # of every later map
-    x_off, argmax = 0, 0
-    has_params = False  # an op before this one has parameters: it needs a backward
-    padded = False  # the map has the next conv's zero border already (a pool wrote it)
-    scratch = 0  # floats of per-sample scratch that the GEMM convs share
-    rows: list[list[int]] = []
+    slice_size = min(capacity, slice_size or capacity)
+    lo = Lowering(arch.input_shape, capacity, slice_size,
+                  {name: off for name, _, off in layout}, layers.CODES)
+    for i, ls in enumerate(shapes):
+        nxt = shapes[i + 1] if i + 1 < len(shapes) else None
+        if isinstance(ls.layer, ReLU) and _fuse_relu(lo, nxt):
+            continue
+        kind_of(ls.layer).lower(lo, ls, nxt)
+    table = ops.assign(lo.finish())
+    return Lowered(table, lo.acts, max(lo.argmax, 1), slice_size)
 
-    def emit(op: int, co: int, oh: int, ow: int, os_: int, z_off: int, **extra: int) -> None:
-        row = [0] * K.PLAN_COLUMNS
-        row[K.P_OP], row[K.P_C], row[K.P_H], row[K.P_W], row[K.P_S] = op, c, h, w, s
-        row[K.P_CO], row[K.P_OH], row[K.P_OW], row[K.P_OS] = co, oh, ow, os_
-        row[K.P_XOFF], row[K.P_ZOFF], row[K.P_GRAD] = x_off, z_off, int(has_params)
-        for key, value in extra.items():
-            row[getattr(K, f"P_{key}")] = value
-        rows.append(row)
 
-    def alloc(size: int) -> int:
-        nonlocal acts
-        off = acts
-        acts += capacity * size
-        return off
-
-    i = 0
-    while i < len(shapes):
-        ls = shapes[i]
-        layer = ls.layer
-        if isinstance(layer, Conv):
-            if layer.padding == "same" and layer.k > 1 and not padded:
-                p = (layer.k - 1) // 2
-                ph, pw = h + 2 * p, w + 2 * p
-                z = alloc(c * ph * pw)
-                emit(K.OP_PAD, c, ph, pw, pw, z, K=p)
-                x_off, h, w, s = z, ph, pw, pw
-            oh, ow = h - layer.k + 1, w - layer.k + 1
-            z = alloc(layer.out * oh * s)  # wide rows: the input's stride
-            gemm = conv_paths(layer.k, layer.out, has_params, ow, c, c * h * s, oh)
-            ckk = c * layer.k * layer.k
-            if gemm & K.GEMM_ALL:  # the column matrix, and two (C*k*k, out) weight gradients
-                scratch = max(scratch, ckk * oh * s + 2 * ckk * layer.out)
-            scratch = max(scratch, simd_scratch(c, layer.k, layer.out, oh * ow, gemm))
-            emit(K.OP_CONV, layer.out, oh, ow, s, z, K=layer.k,
-                 WOFF=offsets[f"{ls.name}.weight"], BOFF=offsets[f"{ls.name}.bias"],
-                 GEMM=gemm)
-            has_params = True
-            x_off, (c, h, w) = z, (layer.out, oh, ow)
-            padded = False
-        elif isinstance(layer, Pool) or (isinstance(layer, ReLU) and i + 1 < len(shapes)
-                                         and isinstance(shapes[i + 1].layer, Pool)):
-            relu = isinstance(layer, ReLU)
-            i += relu  # ReLU + pool, fused
-            ph, pw = h // 2, w // 2
-            nxt = shapes[i + 1].layer if i + 1 < len(shapes) else None
-            # the padding of a "same" conv right after: the pool writes inside it
-            b = (nxt.k - 1) // 2 if isinstance(nxt, Conv) and nxt.padding == "same" else 0
-            z = alloc(c * (ph + 2 * b) * (pw + 2 * b))
-            emit(K.OP_POOL, c, ph, pw, pw + 2 * b, z, AOFF=argmax, RELU=int(relu), K=b)
-            argmax += capacity * c * ph * pw
-            x_off, h, w = z, ph + 2 * b, pw + 2 * b
-            s, padded = w, b > 0
-        elif isinstance(layer, ReLU) and rows and rows[-1][K.P_OP] == K.OP_DENSE \
-                and not rows[-1][K.P_RELU]:
-            rows[-1][K.P_RELU] = 1  # dense + ReLU, fused
-        elif isinstance(layer, ReLU):
-            emit(K.OP_RELU, c, h, w, s, x_off)
-        elif isinstance(layer, Flatten | Dense):
-            if spatial:
-                d = c * h * w
-                if s != w:  # drop the junk columns
-                    z = alloc(d)
-                    emit(K.OP_FLATTEN, d, 1, 1, 1, z)
-                    x_off = z
-                spatial, (c, h, w, s) = False, (d, 1, 1, 1)
-            if isinstance(layer, Dense):
-                out = ls.shape[0]
-                z = alloc(out)
-                emit(K.OP_DENSE, out, 1, 1, 1, z,
-                     WOFF=offsets[f"{ls.name}.weight"], BOFF=offsets[f"{ls.name}.bias"])
-                has_params = True
-                x_off, c = z, out
-        i += 1
-    if scratch:  # after the activations, once (the convs use it one sample at a time)
-        for row in rows:
-            if row[K.P_OP] == K.OP_CONV and row[K.P_GEMM]:
-                row[K.P_COFF] = acts
-        acts += scratch
-    table = ops.assign(np.array(rows, dtype=np.int64).reshape(-1, K.PLAN_COLUMNS))
-    return Plan(table, acts, max(argmax, 1), slice_size)
+def _fuse_relu(lo: Lowering, nxt: LayerShape | None) -> bool:
+    """The fusion step: a ReLU right before a kind that applies it to its
+    input (Kind.relu_before: max and ReLU commute) or right after a row that
+    applies it to its output (RowOp.relu_after, not yet fused) is no row of
+    its own. False: it is."""
+    if nxt is not None and kind_of(nxt.layer).relu_before:
+        lo.relu = True
+        return True
+    last = lo.rows[-1] if lo.rows else None
+    if last is not None and layers.ROW_OPS[last[P_OP]].relu_after and not last[P_RELU]:
+        last[P_RELU] = 1
+        return True
+    return False
 
 
 class Workspace:
     """A worker's preallocated buffers for batches of up to `capacity` samples:
     activations (every map but the input for `slice_size` of them), their
     gradients, pooling indices, the parameter gradient and the batch's
-    labels. Nothing on the step path allocates. `plan` is the kernels' int64
+    labels. Nothing on the step path allocates. `plan` is the int64
     plan table for these buffers, `net` the plan with its compiled ops
     (compiled now, if this process has not yet)."""
 
-    def __init__(self, plan: Plan, num_params: int, capacity: int, *, backward: bool = True):
-        self.plan = plan.table
-        self.slice_size = plan.slice_size
+    def __init__(self, lowered: Lowered, num_params: int, capacity: int, *,
+                 backward: bool = True):
+        self.plan = lowered.table
+        self.slice_size = lowered.slice_size
         self.net = ops.network(self.plan, self.slice_size)
-        self.acts_size = plan.acts_size
+        self.acts_size = lowered.acts_size
         self.capacity = capacity
-        self.acts = np.zeros(plan.acts_size, np.float32)
+        self.acts = np.zeros(lowered.acts_size, np.float32)
         # the activation gradients, then (a batch in slices) a partial gradient
-        part = num_params if plan.slice_size < capacity else 0
-        self.dacts = np.zeros(plan.acts_size + part if backward else 1, np.float32)
-        self.argmax = np.zeros(plan.argmax_size, np.int32)
+        part = num_params if lowered.slice_size < capacity else 0
+        self.dacts = np.zeros(lowered.acts_size + part if backward else 1, np.float32)
+        self.argmax = np.zeros(lowered.argmax_size, np.int32)
         self.grad = np.zeros(num_params if backward else 1, np.float32)
         self.labels = np.zeros(capacity, np.int64)
 
@@ -510,9 +283,9 @@ class Workspace:
         self.net = ops.network(self.plan, self.slice_size)
 
     @property
-    def buffers(self) -> K.Buffers:
-        """These buffers as kernels.train_steps takes them."""
-        return K.Buffers(self.grad, self.net, self.acts, self.dacts, self.argmax, self.labels)
+    def buffers(self) -> Buffers:
+        """These buffers as network.train_steps takes them."""
+        return Buffers(self.grad, self.net, self.acts, self.dacts, self.argmax, self.labels)
 
 
 class Model:
@@ -597,12 +370,12 @@ class Model:
         the network `slice_size` at a time (the module's slice rule)."""
         if capacity < 1:
             raise ValueError(f"batch capacity must be >= 1, got {capacity}")
-        return Workspace(self.plan(capacity), self.num_params, capacity, backward=backward)
+        return Workspace(self.lowered(capacity), self.num_params, capacity, backward=backward)
 
-    def plan(self, capacity: int) -> Plan:
-        """The plan of a workspace for batches of up to `capacity` samples,
-        sliced by the module's rule (slice_size)."""
-        return activation_plan(self.arch, self.layout, capacity,
+    def lowered(self, capacity: int) -> Lowered:
+        """The plan and workspace sizes for batches of up to `capacity`
+        samples, sliced by the module's rule (slice_size)."""
+        return lower(self.arch, self.layout, capacity,
                                slice_size(self.arch, self.layout, self.num_params, capacity))
 
     # ---- convenience API (allocates; the training path uses the kernels directly)
@@ -623,7 +396,7 @@ class Model:
             raise ValueError(f"labels must lie in [0, {self.num_classes})")
         ws = self.workspace(max(x2.shape[0], 1))
         self._load_inputs(x2, ws)
-        loss = K.network_loss_and_grad(params, ws.grad, ws.net, ws.acts, ws.dacts,
+        loss = network.network_loss_and_grad(params, ws.grad, ws.net, ws.acts, ws.dacts,
                                        ws.argmax, labels)
         return float(loss), ws.grad
 
@@ -633,13 +406,13 @@ class Model:
         x2 = self._flat_inputs(x)
         ws = self.workspace(max(x2.shape[0], 1), backward=False)
         last = ws.plan[-1]
-        off, width = last[K.P_ZOFF], last[K.P_CO]
+        off, width = last[P_ZOFF], last[P_CO]
         out = np.empty((x2.shape[0], width), np.float32)
         for start in range(0, x2.shape[0], ws.slice_size):  # as many as the maps hold
             rows = x2[start:start + ws.slice_size]
             n = rows.shape[0]
             self._load_inputs(rows, ws)
-            K.network_forward(params, ws.net, ws.acts, ws.argmax, n)
+            network.network_forward(params, ws.net, ws.acts, ws.argmax, n)
             out[start:start + n] = ws.acts[off:off + n * width].reshape(n, width)
         return out
 
@@ -654,13 +427,13 @@ class Model:
             self._eval_ws = self.workspace(batch, backward=False)
         ws = self._eval_ws
         out = np.empty(images.shape[0], np.int64)
-        K.predict_images(params, ws.net, ws.acts, ws.argmax, images.reshape(images.shape[0], -1),
-                         *self.image_transform, out)
+        network.predict_images(params, ws.net, ws.acts, ws.argmax,
+                               images.reshape(images.shape[0], -1), *self.image_transform, out)
         return out
 
     def _load_inputs(self, x2: np.ndarray, ws: Workspace) -> None:
         """Put (N, D) inputs in [0, 1] into the workspace as network inputs."""
-        K.affine_copy(x2, 1.0 / INPUT_STD, -INPUT_MEAN / INPUT_STD, ws.acts[:x2.size])
+        network.affine_copy(x2, 1.0 / INPUT_STD, -INPUT_MEAN / INPUT_STD, ws.acts[:x2.size])
 
     def _check_params(self, params: np.ndarray) -> np.ndarray:
         if params.shape != (self.num_params,) or params.dtype != np.float32:

@@ -1,11 +1,12 @@
-"""The compiled ops of a network: which function runs each pass of a plan row,
-and the table of them that the compiled network passes call through.
+"""The compiled ops of a network: the table of op functions that the compiled
+network passes call through, built from the layer kinds' records.
 
-A plan row (iasgd.nn.kernels) has three passes: its forward, the gradient of
-its weights and the gradient of its input. Each is one of the `*_op`
-functions of kernels.py (or `nothing`), all with one signature; `assign`
-writes each pass's position in `OPS` into the row (P_FWD, P_DW, P_DX), and
-`table` compiles the functions a plan uses into a Net's op table.
+A plan row (iasgd.nn.plan) has three passes: its forward, the gradient of
+its weights and the gradient of its input. Its kind of row (a RowOp of
+iasgd.nn.layers) picks the op function of each (or `nothing`), all with one
+signature; `assign` writes each pass's position in `OPS` into the row
+(P_FWD, P_DW, P_DX), and `table` compiles the functions a plan uses into a
+Net's op table.
 
 Why a table of C callbacks instead of plain calls: numba compiles a callee
 into every caller and re-optimises it there, at every level of the call
@@ -29,54 +30,34 @@ from numba import types
 from numba.extending import typeof_impl
 
 from iasgd import compiled
-from iasgd.nn import kernels as K
+from iasgd.nn import layers
+from iasgd.nn.plan import P_DW, P_DX, P_FWD, Net, nothing
 
-OPS = (K.nothing,
-       K.conv5_forward_op, K.conv3_forward_op, K.conv_gemm_forward_op, K.conv5_simd_forward_op,
-       K.conv3_simd_forward_op,
-       K.pad_forward_op,
-       K.relu_forward_op, K.pool_forward_op, K.flatten_forward_op, K.dense_forward_op,
-       K.conv5_weights_op, K.conv3_weights_op, K.conv_gemm_weights_op,
-       K.conv5_simd_weights_op, K.dense_weights_op,
-       K.conv5_input_op, K.conv3_input_op, K.conv_gemm_input_op, K.pad_input_op,
-       K.relu_input_op, K.pool_input_op, K.flatten_input_op, K.dense_input_op)
-POSITION = {op.__name__: position for position, op in enumerate(OPS)}
-
-# Op code -> the forward and input-gradient functions of the ops without weights.
-_PLAIN = {K.OP_PAD: "pad", K.OP_RELU: "relu", K.OP_POOL: "pool", K.OP_FLATTEN: "flatten"}
+# Every op function of every kind of row, once, `nothing` first.
+OPS = tuple(dict.fromkeys([nothing, *(op for row_op in layers.ROW_OPS
+                                      for op in row_op.compile_s)]))
+POSITION = {op: position for position, op in enumerate(OPS)}
+# About how many seconds compiling each op takes (iasgd.executors.precompile)
+COMPILE_S = {op: seconds for row_op in layers.ROW_OPS for op, seconds in row_op.compile_s.items()}
 
 
-def row_ops(row: np.ndarray) -> tuple[str, str, str]:
-    """The names of the forward, weight-gradient and input-gradient functions
-    of one plan row (`nothing` where the pass has no work)."""
-    op, needs_input_grad = int(row[K.P_OP]), bool(row[K.P_GRAD])
-    if op == K.OP_CONV:
-        gemm, k = int(row[K.P_GEMM]), int(row[K.P_K])
-
-        def conv(bit: int) -> str:
-            return "conv_gemm" if gemm & bit else f"conv{k}"
-        forward = f"conv{k}_simd" if gemm & K.SIMD_FORWARD else conv(K.GEMM_FORWARD)
-        weights = "conv5_simd" if gemm & K.SIMD_WEIGHTS else conv(K.GEMM_WEIGHTS)
-        return (f"{forward}_forward_op", f"{weights}_weights_op",
-                f"{conv(K.GEMM_INPUT)}_input_op" if needs_input_grad else "nothing")
-    if op == K.OP_DENSE:
-        return ("dense_forward_op", "dense_weights_op",
-                "dense_input_op" if needs_input_grad else "nothing")
-    name = _PLAIN[op]
-    return f"{name}_forward_op", "nothing", f"{name}_input_op" if needs_input_grad else "nothing"
+def row_ops(row: np.ndarray) -> tuple[Any, Any, Any]:
+    """The forward, weight-gradient and input-gradient functions of one plan
+    row (`nothing` where the pass has no work)."""
+    return layers.row_op(row).passes(row)
 
 
 def assign(plan: np.ndarray) -> np.ndarray:
     """Write each row's functions' positions in OPS into its P_FWD, P_DW and
     P_DX columns, in place; returns `plan`."""
     for row in plan:
-        row[K.P_FWD], row[K.P_DW], row[K.P_DX] = (POSITION[name] for name in row_ops(row))
+        row[P_FWD], row[P_DW], row[P_DX] = (POSITION[op] for op in row_ops(row))
     return plan
 
 
 def used(plan: np.ndarray) -> list:
     """The functions of OPS that `plan` calls, in OPS order."""
-    positions = set(plan[:, [K.P_FWD, K.P_DW, K.P_DX]].ravel().tolist()) | {0}
+    positions = set(plan[:, [P_FWD, P_DW, P_DX]].ravel().tolist()) | {0}
     return [OPS[p] for p in sorted(positions)]
 
 
@@ -89,13 +70,13 @@ def signature(dtype: Any = np.float32) -> Any:
                       types.int32[::1], types.int64)
 
 
-_COMPILED: dict[tuple[str, str], Any] = {}  # (op name, dtype) -> its compiled callback
+_COMPILED: dict[tuple[Any, str], Any] = {}  # (op, dtype) -> its compiled callback
 
 
 def compiled_op(op: Any, dtype: Any = np.float32) -> Any:
     """One op compiled for `dtype` (loaded from the disk cache when it is there;
     once per process)."""
-    key = (op.__name__, np.dtype(dtype).name)
+    key = (op, np.dtype(dtype).name)
     if key not in _COMPILED:
         _COMPILED[key] = compiled.compile_callback(op, signature(dtype))
     return _COMPILED[key]
@@ -119,15 +100,15 @@ def _typeof_op_table(table: OpTable, c: Any) -> Any:
 _NET_TYPES: dict[tuple, Any] = {}  # (plan's type, ops' type) -> the Net's type
 
 
-@typeof_impl.register(K.Net)
-def _typeof_net(net: K.Net, c: Any) -> Any:
+@typeof_impl.register(Net)
+def _typeof_net(net: Net, c: Any) -> Any:
     """A Net's numba type, worked out once per kind of plan and table (for
     the same reason as OpTable's)."""
     plan = net.plan
     key = (plan.dtype, plan.ndim, plan.flags.c_contiguous, plan.flags.writeable,
            numba.typeof(net.ops))
     if key not in _NET_TYPES:
-        _NET_TYPES[key] = types.NamedTuple([numba.typeof(plan), key[-1], types.int64], K.Net)
+        _NET_TYPES[key] = types.NamedTuple([numba.typeof(plan), key[-1], types.int64], Net)
     return _NET_TYPES[key]
 
 
@@ -153,13 +134,13 @@ def table(plan: np.ndarray, dtype: Any = np.float32) -> OpTable:
     """The op table of a Net for `plan`: position p holds OPS[p] compiled
     for `dtype` if the plan calls it, else the compiled `nothing` (in every
     position inside `stand_ins`)."""
-    needed = set() if _STAND_INS[0] else {op.__name__ for op in used(plan)}
-    idle = compiled_op(K.nothing, dtype)
-    ops = OpTable(compiled_op(op, dtype) if op.__name__ in needed else idle for op in OPS)
+    needed = set() if _STAND_INS[0] else set(used(plan))
+    idle = compiled_op(nothing, dtype)
+    ops = OpTable(compiled_op(op, dtype) if op in needed else idle for op in OPS)
     ops.numba_type = types.UniTuple(types.FunctionType(signature(dtype)), len(ops))
     return ops
 
 
-def network(plan: np.ndarray, slice_size: int, dtype: Any = np.float32) -> K.Net:
+def network(plan: np.ndarray, slice_size: int, dtype: Any = np.float32) -> Net:
     """The Net (plan, op table and slice) that the compiled network passes take."""
-    return K.Net(plan, table(plan, dtype), slice_size)
+    return Net(plan, table(plan, dtype), slice_size)

@@ -17,8 +17,12 @@ import pytest
 from iasgd import compiled
 from iasgd.algorithms import ALGORITHMS
 from iasgd.executors import precompile as P
-from iasgd.nn import kernels as K
 from iasgd.nn import models, ops
+from iasgd.nn import network as K
+from iasgd.nn.conv import direct
+from iasgd.nn.layers import conv as C
+from iasgd.nn.layers import pool
+from iasgd.nn.plan import nothing
 from iasgd.protocol import workers as W
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,7 +31,7 @@ JIT = not numba.config.DISABLE_JIT
 
 def plan_of(name: str):
     model = models.build(name, "cifar10")
-    return models.activation_plan(model.arch, model.layout, 1).table
+    return models.lower(model.arch, model.layout, 1).table
 
 
 def index(folder: Path, dispatcher) -> None:
@@ -39,13 +43,13 @@ def test_uncached_kernels_reads_numba_index_files(tmp_path):
     """numba's index of each entry point, found in any subdirectory (numba keeps
     each source directory in one); an index of another Python does not count."""
     assert P.uncached_kernels("sequential", cache_dir=str(tmp_path / "none")) == [
-        "kernels.train_steps", "kernels.predict_images"]
+        "network.train_steps", "network.predict_images"]
     sub = tmp_path / "nn_1234abcd"
     sub.mkdir()
     index(sub, K.train_steps)
     (sub / compiled.cache_index_name(K.predict_images).replace(".py3", ".py2")).touch()
     assert P.uncached_kernels("sequential", cache_dir=str(tmp_path)) == [
-        "kernels.predict_images"]
+        "network.predict_images"]
     index(sub, K.predict_images)
     assert P.uncached_kernels("sequential", cache_dir=str(tmp_path)) == []
     assert P.uncached_kernels("hogwild", cache_dir=str(tmp_path)) == ["workers.async_worker"]
@@ -57,7 +61,7 @@ def test_uncached_kernels_reads_numba_index_files(tmp_path):
     # the layer ops a model uses: LeNet-5's direct 5x5 convolutions, not the 3x3 ones
     plan = plan_of("lenet")
     missing = P.uncached_kernels("sequential", cache_dir=str(tmp_path), plan=plan)
-    assert "kernels.conv5_forward_op" in missing and "kernels.dense_weights_op" in missing
+    assert "conv.conv5_forward_op" in missing and "dense.dense_weights_op" in missing
     assert not [m for m in missing if "conv3" in m or "pad" in m]
     for op in ops.used(plan):
         index(sub, op)
@@ -67,13 +71,17 @@ def test_uncached_kernels_reads_numba_index_files(tmp_path):
 def test_the_jobs_are_one_per_missing_op_and_two_for_the_executor(tmp_path):
     plan = plan_of("lenet")
     todo = P.jobs("sequential", plan, executor=lambda: None, cache_dir=str(tmp_path))
-    op_names = [f"kernels.{op.__name__}" for op in ops.used(plan) if op is not K.nothing]
+    op_names = [f"{op.__module__.rsplit('.', 1)[-1]}.{op.__name__}" for op in ops.used(plan)
+                if op is not nothing]
     assert [j.name for j in todo] == ["steps", "evaluation", *op_names]
     # the run loads each op once its child has cached it; the executor's calls when it runs
     assert not todo[0].load_early and not todo[1].load_early and all(j.load_early for j in todo[2:])
     assert [j.seconds for j in todo[:2]] == [P.STEPS_COMPILE_S, P.EVALUATION_COMPILE_S]
-    assert {j.name: j.seconds for j in todo}["kernels.conv5_forward_op"] == P.OP_COMPILE_S["conv"]
-    assert {j.name: j.seconds for j in todo}["kernels.pool_input_op"] == P.OTHER_OP_S
+    # each op's estimate is its kind's
+    assert {j.name: j.seconds for j in todo}["conv.conv5_forward_op"] == C.ROW.compile_s[
+        C.conv5_forward_op] == P.op_seconds(C.conv5_forward_op)
+    assert {j.name: j.seconds for j in todo}["pool.pool_input_op"] == pool.ROW.compile_s[
+        pool.pool_input_op]
     interval = P.jobs("interval", plan, executor=lambda: None, cache_dir=str(tmp_path))
     assert interval[0].seconds == P.STEPS_COMPILE_S + P.WORKER_LOOP_COMPILE_S
     index(tmp_path, K.train_steps)  # the steps cached, the evaluation not yet
@@ -247,7 +255,7 @@ def test_stand_in_tables_have_the_real_type_and_run_nothing():
         stand_in = ops.network(plan, 1)
     assert ops.network(plan, 1).ops == real.ops  # the switch is off again
     assert numba.typeof(stand_in) == numba.typeof(real)
-    idle = ops.compiled_op(K.nothing)
+    idle = ops.compiled_op(nothing)
     assert all(entry is idle for entry in stand_in.ops)
     assert not all(entry is idle for entry in real.ops)
 
@@ -287,7 +295,7 @@ def test_no_cached_function_is_reached_from_two_jobs():
                                   if e is not K.predict_images))
     jobs["evaluation"] = _callees(K.predict_images, {K.predict_images})
     assert _callees(K.train_steps, set()) >= {K.network_loss_and_grad, K.network_forward}
-    assert W.compute_step in jobs["steps"] and K._conv5_forward in jobs["conv5_forward_op"]
+    assert W.compute_step in jobs["steps"] and direct.conv5_forward in jobs["conv5_forward_op"]
     owner: dict = {}
     for name, reached in jobs.items():
         for d in filter(_cached, reached):
@@ -300,9 +308,10 @@ BUILDS_ONLY = r"""
 import iasgd
 from numba.core import event
 from iasgd import engine
-from iasgd.nn import kernels as K, ops
+from iasgd.nn import network as K, ops
+from iasgd.nn.plan import nothing
 model, data = iasgd.build("lenet", "synthetic"), iasgd.load("synthetic")
-ops.compiled_op(K.nothing)
+ops.compiled_op(nothing)
 for algo, threads in [("sequential", 1), ("sync", 2), ("async", 2), ("interval", 2)]:
     cfg = iasgd.TrainConfig(algo=algo, threads=threads, epochs=1)
     with event.install_recorder("numba:compile") as compiles, ops.stand_ins():
@@ -326,7 +335,8 @@ CHECK_LOADED = r"""
 import iasgd, sys
 from iasgd.executors import precompile
 from iasgd.executors.sequential import SequentialRun
-from iasgd.nn import kernels as K, ops
+from iasgd.nn import network as K, ops
+from iasgd.nn.plan import nothing
 model, data = iasgd.build("mlp", "synthetic"), iasgd.load("synthetic")
 cfg = iasgd.TrainConfig(algo="sequential", epochs=1, batch_size=8, eval_every=0)
 steps = []  # stopped at its first progress report: it never evaluates
@@ -335,14 +345,14 @@ hooks = iasgd.Hooks(on_progress=lambda done, live: steps.append(done),
 result = iasgd.train(model, data, cfg, hooks)
 assert steps and result.status == "interrupted" and not result.epochs, result.status
 assert not K.predict_images.stats.cache_hits and not K.predict_images.stats.cache_misses
-early = sorted(name for name, _ in ops._COMPILED if name != "nothing")  # loaded as they came
+early = sorted(op.__name__ for op, _ in ops._COMPILED if op is not nothing)  # loaded as they came
 precompile.load_kernels(SequentialRun(model, data, cfg))  # the evaluation too: its child cached it
 compiled = [d.py_func.__name__ for d in (K.train_steps, K.predict_images)
             if d.stats.cache_misses or not d.stats.cache_hits]
-compiled += [name for (name, _), f in ops._COMPILED.items()
-             if name != "nothing" and not f.cache_hits]
-plan = iasgd.nn.models.activation_plan(model.arch, model.layout, 1).table
-assert early == sorted(op.__name__ for op in ops.used(plan) if op is not K.nothing), early
+compiled += [op.__name__ for (op, _), f in ops._COMPILED.items()
+             if op is not nothing and not f.cache_hits]
+plan = iasgd.nn.models.lower(model.arch, model.layout, 1).table
+assert early == sorted(op.__name__ for op in ops.used(plan) if op is not nothing), early
 print(precompile.deferred(), compiled)
 """
 

@@ -9,6 +9,14 @@ import numpy as np
 from scipy.signal import correlate
 from scipy.special import logsumexp
 
+FWD_RTOL = 1e-5  # float32 kernels vs float64 references, relative to the max
+FD_RTOL = 1e-6   # float64 kernels vs central differences
+
+
+def rel_err(a: np.ndarray, b: np.ndarray) -> float:
+    """The largest difference relative to the largest entry of b."""
+    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-12))
+
 
 def conv2d_valid(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
     """(N, C, H, W) x (O, C, k, k) -> (N, O, H-k+1, W-k+1), float64, via scipy."""

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from reference import central_difference, network_logits, softmax_xent
 
-from iasgd.nn import kernels as K
-from iasgd.nn import models, ops
+from iasgd.nn import layers, models, network, ops
+from iasgd.nn import plan as P
+from iasgd.nn.layers import conv as C
 from iasgd.nn.models import Conv, Dense, Flatten, Pool, ReLU
 
 
@@ -118,7 +119,7 @@ def test_loss_and_grad_matches_finite_differences_on_every_tensor(model):
 
     def loss64(p):
         acts[: x.size] = (x.ravel() - models.INPUT_MEAN) / models.INPUT_STD
-        return K.network_loss_and_grad(p, g64, net64, acts, dacts, ws.argmax, y)
+        return network.network_loss_and_grad(p, g64, net64, acts, dacts, ws.argmax, y)
 
     p64 = params.astype(np.float64)
     rng = np.random.default_rng(5)
@@ -153,8 +154,8 @@ def test_the_slice_rule_slices_large_batches_of_small_models_only():
 
 def whole_batch_workspace(model, capacity):
     """A workspace that runs every batch whole, whatever the slice rule says."""
-    plan = models.activation_plan(model.arch, model.layout, capacity)
-    return models.Workspace(plan, model.num_params, capacity)
+    lowered = models.lower(model.arch, model.layout, capacity)
+    return models.Workspace(lowered, model.num_params, capacity)
 
 
 def test_a_batch_in_slices_has_the_whole_batch_loss_and_gradient():
@@ -171,7 +172,7 @@ def test_a_batch_in_slices_has_the_whole_batch_loss_and_gradient():
         ws.grad[:] = np.nan
         ws.dacts[:] = np.nan
         m._load_inputs(x.reshape(40, -1), ws)
-        loss = K.network_loss_and_grad(params, ws.grad, ws.net, ws.acts, ws.dacts,
+        loss = network.network_loss_and_grad(params, ws.grad, ws.net, ws.acts, ws.dacts,
                                        ws.argmax, y)
         results.append((loss, m.tensors(ws.grad.copy())))
     (loss, grads), (want_loss, want) = results
@@ -265,40 +266,40 @@ def test_bad_specs_are_one_clear_line(spec, message):
 
 
 def test_plan_fuses_relus_and_skips_free_flattens():
-    ops = [K.OP_NAMES[row[K.P_OP]] for row in models.build("lenet", "cifar10").workspace(2).plan]
+    ops = [layers.row_op(row).name for row in models.build("lenet", "cifar10").workspace(2).plan]
     assert ops == ["conv", "pool", "conv", "pool", "dense", "dense"]
     plan = models.build("vgg-small", "cifar10").workspace(2).plan
     # the second conv's padding: the first pool writes inside a zero border
-    assert [K.OP_NAMES[op] for op in plan[:, K.P_OP]] == [
+    assert [layers.row_op(row).name for row in plan] == [
         "pad", "conv", "pool", "conv", "pool", "dense", "dense"]
-    assert plan[2, K.P_K] == 1 and plan[2, K.P_OS] == 18 and plan[3, K.P_S] == 18
-    assert plan[:, K.P_RELU].tolist() == [0, 0, 1, 0, 1, 1, 0]
+    assert plan[2, P.P_K] == 1 and plan[2, P.P_OS] == 18 and plan[3, P.P_S] == 18
+    assert plan[:, P.P_RELU].tolist() == [0, 0, 1, 0, 1, 1, 0]
     # nothing before the first conv needs a gradient
-    assert plan[:, K.P_GRAD].tolist() == [0, 0, 1, 1, 1, 1, 1]
+    assert plan[:, P.P_GRAD].tolist() == [0, 0, 1, 1, 1, 1, 1]
     # the 64-channel conv's input gradient is a GEMM, with its scratch last;
     # both forwards run as vectors where the machine has AVX-512
-    vectors = K.SIMD_FORWARD if models.SIMD else 0
-    assert plan[:, K.P_GEMM].tolist() == [0, vectors, 0, K.GEMM_INPUT | vectors, 0, 0, 0]
-    assert plan[3, K.P_COFF] == models.build("vgg-small", "cifar10").workspace(2).acts_size \
+    vectors = C.SIMD_FORWARD if C.SIMD else 0
+    assert plan[:, P.P_PATH].tolist() == [0, vectors, 0, C.GEMM_INPUT | vectors, 0, 0, 0]
+    assert plan[3, P.P_COFF] == models.build("vgg-small", "cifar10").workspace(2).acts_size \
         - (32 * 9 * 16 * 18 + 2 * 32 * 9 * 64)
     # a kernel size without direct kernels runs every pass as GEMMs
     plan = models.build("conv4k7s,relu,conv3k1,dense", "cifar10").workspace(2).plan
-    assert plan[plan[:, K.P_OP] == K.OP_CONV, K.P_GEMM].tolist() == [K.GEMM_ALL] * 2
+    assert plan[plan[:, P.P_OP] == layers.CODES[C.ROW], P.P_PATH].tolist() == [C.GEMM_ALL] * 2
     # LeNet-5's second conv's forward and weight gradient (16 channels, 150
     # taps, a 5 KB input) run as vectors where the machine has AVX-512, not
     # its first conv's (6 channels)
-    simd = K.SIMD_FORWARD | K.SIMD_WEIGHTS if models.SIMD else 0
+    simd = C.SIMD_FORWARD | C.SIMD_WEIGHTS if C.SIMD else 0
     plan = models.build("lenet", "cifar10").workspace(2).plan
-    assert plan[plan[:, K.P_OP] == K.OP_CONV, K.P_GEMM].tolist() == [0, simd]
+    assert plan[plan[:, P.P_OP] == layers.CODES[C.ROW], P.P_PATH].tolist() == [0, simd]
     # a 3x3 conv's forward runs as vectors with whole blocks of
-    # K.SIMD3_CHANNELS output channels and a vector's width of columns
+    # vector.SIMD3_CHANNELS output channels and a vector's width of columns
     for spec, vectors in (("conv8k3,relu,dense", True), ("conv12k3,relu,dense", False),
                           ("pool,pool,conv8k3,relu,dense", False)):
         plan = models.build(spec, "cifar10").workspace(2).plan
-        want = K.SIMD_FORWARD if vectors and models.SIMD else 0
-        assert plan[plan[:, K.P_OP] == K.OP_CONV, K.P_GEMM].tolist() == [want], spec
+        want = C.SIMD_FORWARD if vectors and C.SIMD else 0
+        assert plan[plan[:, P.P_OP] == layers.CODES[C.ROW], P.P_PATH].tolist() == [want], spec
     plan = models.build("conv3k3s,relu,dense", "cifar10").workspace(2).plan
-    assert [K.OP_NAMES[op] for op in plan[:, K.P_OP]] == [
+    assert [layers.row_op(row).name for row in plan] == [
         "pad", "conv", "relu", "flatten", "dense"]
 
 
@@ -320,9 +321,9 @@ def test_the_training_step_allocates_nothing(name, b):
 
     def allocations(steps: int) -> int:
         before = rtsys.get_allocation_stats().alloc
-        K.train_steps(K.Weights(params, np.zeros_like(params)), ws.buffers,
-                      K.Images(images, labels, *m.image_transform),
-                      K.Steps(np.arange(6 * b), 0, steps, b, 0.001, 0.5), np.zeros(6))
+        network.train_steps(P.Weights(params, np.zeros_like(params)), ws.buffers,
+                      P.Images(images, labels, *m.image_transform),
+                      P.Steps(np.arange(6 * b), 0, steps, b, 0.001, 0.5), np.zeros(6))
         return rtsys.get_allocation_stats().alloc - before
 
     was_enabled = _nrt_python.memsys_stats_enabled()

@@ -1,4 +1,5 @@
-"""iasgd.nn.ops: which op runs each pass of a plan row, and the op table."""
+"""iasgd.nn.ops: which op runs each pass of a plan row, and the op table,
+both built from the layer kinds' records."""
 
 from __future__ import annotations
 
@@ -6,27 +7,42 @@ import inspect
 
 import numpy as np
 
-from iasgd.nn import kernels as K
-from iasgd.nn import models, ops
+from iasgd.nn import layers, models, ops
+from iasgd.nn import plan as P
+from iasgd.nn.layers import conv as C
+from iasgd.nn.plan import nothing
 
 
 def plan_of(spec: str) -> np.ndarray:
     model = models.build(spec, "cifar10")
-    return models.activation_plan(model.arch, model.layout, 2).table
+    return models.lower(model.arch, model.layout, 2).table
 
 
-def test_every_op_function_of_the_kernels_is_in_the_table_once():
-    defined = {name for name, f in inspect.getmembers(K, inspect.isfunction)
-               if name.endswith("_op") and f.__module__ == K.__name__}
-    assert defined == {op.__name__ for op in ops.OPS[1:]}
-    assert len(set(ops.OPS)) == len(ops.OPS) and ops.OPS[0] is K.nothing
+def names(functions) -> tuple[str, ...]:
+    return tuple(f.__name__ for f in functions)
+
+
+def test_every_op_function_of_the_layer_kinds_is_in_the_table_once():
+    defined = {f for kind in layers.KINDS
+               for module in (inspect.getmodule(kind.parse),)
+               for name, f in inspect.getmembers(module, inspect.isfunction)
+               if name.endswith("_op") and f.__module__ == module.__name__}
+    assert defined == set(ops.OPS[1:])
+    assert len(set(ops.OPS)) == len(ops.OPS) and ops.OPS[0] is nothing
+    assert set(ops.COMPILE_S) == set(ops.OPS[1:]) and all(s > 0 for s in ops.COMPILE_S.values())
+
+
+def test_every_kind_of_row_has_one_code():
+    assert {"conv", "pad", "relu", "pool", "flatten", "dense"} <= {op.name for op in layers.ROW_OPS}
+    assert len({op.name for op in layers.ROW_OPS}) == len(layers.ROW_OPS)
+    assert all(layers.CODES[op] == code for code, op in enumerate(layers.ROW_OPS))
 
 
 def test_lenet_runs_direct_5x5_convs_and_its_first_conv_computes_no_input_gradient():
-    rows = [ops.row_ops(row) for row in plan_of("lenet")]
+    rows = [names(ops.row_ops(row)) for row in plan_of("lenet")]
     # the 16-channel conv's forward and weight gradient: explicit vectors,
     # where the machine has AVX-512
-    second = "conv5_simd" if models.SIMD else "conv5"
+    second = "conv5_simd" if C.SIMD else "conv5"
     assert rows == [("conv5_forward_op", "conv5_weights_op", "nothing"),
                     ("pool_forward_op", "nothing", "pool_input_op"),
                     (f"{second}_forward_op", f"{second}_weights_op", "conv5_input_op"),
@@ -35,42 +51,41 @@ def test_lenet_runs_direct_5x5_convs_and_its_first_conv_computes_no_input_gradie
                     ("dense_forward_op", "dense_weights_op", "dense_input_op")]
 
 
-def test_the_gemm_bits_pick_the_gemm_op_of_each_pass():
+def test_the_path_bits_pick_the_op_of_each_pass():
     plan = plan_of("conv8k3s,relu,dense")
-    conv = next(row for row in plan if row[K.P_OP] == K.OP_CONV)
-    conv[K.P_GRAD] = 1
+    conv = next(row for row in plan if layers.row_op(row) is C.ROW)
+    conv[P.P_GRAD] = 1
     for bits, want in ((0, ("conv3_forward_op", "conv3_weights_op", "conv3_input_op")),
-                       (K.GEMM_WEIGHTS | K.GEMM_INPUT,
+                       (C.GEMM_WEIGHTS | C.GEMM_INPUT,
                         ("conv3_forward_op", "conv_gemm_weights_op", "conv_gemm_input_op")),
-                       (K.GEMM_ALL, ("conv_gemm_forward_op", "conv_gemm_weights_op",
+                       (C.GEMM_ALL, ("conv_gemm_forward_op", "conv_gemm_weights_op",
                                      "conv_gemm_input_op"))):
-        conv[K.P_GEMM] = bits
-        assert ops.row_ops(conv) == want
-    assert [ops.row_ops(row)[0] for row in plan][:1] == ["pad_forward_op"]
-    conv = next(row for row in plan_of("conv16k5,relu,dense") if row[K.P_OP] == K.OP_CONV)
-    conv[K.P_GEMM] = K.SIMD_FORWARD
-    assert ops.row_ops(conv) == ("conv5_simd_forward_op", "conv5_weights_op", "nothing")
-    conv[K.P_GEMM] = K.SIMD_WEIGHTS
-    assert ops.row_ops(conv) == ("conv5_forward_op", "conv5_simd_weights_op", "nothing")
-    conv = next(row for row in plan_of("conv16k3,relu,dense") if row[K.P_OP] == K.OP_CONV)
-    conv[K.P_GEMM] = K.SIMD_FORWARD
-    assert ops.row_ops(conv) == ("conv3_simd_forward_op", "conv3_weights_op", "nothing")
+        conv[P.P_PATH] = bits
+        assert names(ops.row_ops(conv)) == want
+    assert [names(ops.row_ops(row))[0] for row in plan][:1] == ["pad_forward_op"]
+    conv = next(row for row in plan_of("conv16k5,relu,dense") if layers.row_op(row) is C.ROW)
+    conv[P.P_PATH] = C.SIMD_FORWARD
+    assert names(ops.row_ops(conv)) == ("conv5_simd_forward_op", "conv5_weights_op", "nothing")
+    conv[P.P_PATH] = C.SIMD_WEIGHTS
+    assert names(ops.row_ops(conv)) == ("conv5_forward_op", "conv5_simd_weights_op", "nothing")
+    conv = next(row for row in plan_of("conv16k3,relu,dense") if layers.row_op(row) is C.ROW)
+    conv[P.P_PATH] = C.SIMD_FORWARD
+    assert names(ops.row_ops(conv)) == ("conv3_simd_forward_op", "conv3_weights_op", "nothing")
 
 
 def test_assign_writes_the_positions_the_table_holds_them_at():
     plan = plan_of("vgg-small")
     for row in plan:
-        names = ops.row_ops(row)
-        assert [ops.OPS[row[c]].__name__ for c in (K.P_FWD, K.P_DW, K.P_DX)] == list(names)
+        assert [ops.OPS[row[c]] for c in (P.P_FWD, P.P_DW, P.P_DX)] == list(ops.row_ops(row))
 
 
 def test_the_table_compiles_only_the_ops_its_plan_uses():
     plan = plan_of("lenet")
     table = ops.table(plan)
     assert len(table) == len(ops.OPS)
-    used = {op.__name__ for op in ops.used(plan)}
-    assert "conv3_forward_op" not in used and "conv5_forward_op" in used
-    idle = ops.compiled_op(K.nothing)
+    used = set(ops.used(plan))
+    assert C.conv3_forward_op not in used and C.conv5_forward_op in used
+    idle = ops.compiled_op(nothing)
     for op, entry in zip(ops.OPS, table, strict=True):
-        assert (entry is idle) == (op.__name__ not in used or op is K.nothing)
+        assert (entry is idle) == (op not in used or op is nothing)
     assert ops.table(plan) == table  # compiled once per process

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from reference import conv2d_valid
 
 from iasgd.compiled import jit
-from iasgd.nn import kernels as K
 from iasgd.nn import simd
+from iasgd.nn.conv import vector as V
 
 
 @jit
@@ -42,7 +42,7 @@ simd_conv_shapes = st.tuples(
     st.integers(1, 5),  # C
     st.sampled_from([16, 32]),  # O: whole vectors of output channels
     st.integers(0, 3),  # H - k
-    st.integers(K.SIMD_BLOCK, K.SIMD_BLOCK + 13),  # OW: one block, several, a moved-back last one
+    st.integers(V.SIMD_BLOCK, V.SIMD_BLOCK + 13),  # OW: one block, several, a moved-back last one
     st.integers(0, 3),  # junk columns: the row stride S = W + junk
     st.integers(0, 2**31 - 1),
 )
@@ -62,7 +62,7 @@ def test_conv5_forward_simd_matches_scipy(shape):
     groups = w.reshape(O // simd.LANES, simd.LANES, C, k, k)
     wt = np.ascontiguousarray(groups.transpose(0, 2, 3, 4, 1)).ravel()  # (O/16, C, k, k, 16)
     out = np.full((N, O, (H - k + 1) * S), np.nan, np.float32)
-    K.conv5_forward_simd(x, wt, b, out, W, np.zeros(K.SIMD_BLOCK * simd.LANES, np.float32))
+    V.conv5_forward_simd(x, wt, b, out, W, np.zeros(V.SIMD_BLOCK * simd.LANES, np.float32))
     got = out.reshape(N, O, H - k + 1, S)[..., :OW]
     want = conv2d_valid(x[..., :W].astype(np.float64), w.astype(np.float64), b)
     assert np.abs(got - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
@@ -72,7 +72,7 @@ def test_conv5_forward_simd_matches_scipy(shape):
 @given(st.tuples(
     st.integers(1, 2),  # N
     st.integers(1, 5),  # C
-    st.sampled_from([8, 16, 24]),  # O: whole blocks of K.SIMD3_CHANNELS
+    st.sampled_from([8, 16, 24]),  # O: whole blocks of V.SIMD3_CHANNELS
     st.integers(2, 5),  # OH: a pair of rows, several, an odd last one
     st.integers(simd.LANES, simd.LANES + 20),  # OW: one vector, several, a moved-back last one
     st.integers(0, 3),  # junk columns
@@ -87,10 +87,10 @@ def test_conv3_forward_simd_matches_scipy(shape):
     x = rng.standard_normal((N, C, H, S)).astype(np.float32)  # junk columns hold garbage
     w = rng.standard_normal((O, C, k, k)).astype(np.float32)
     b = rng.standard_normal(O).astype(np.float32)
-    G = K.SIMD3_CHANNELS
+    G = V.SIMD3_CHANNELS
     wt = np.ascontiguousarray(w.reshape(O // G, G, C, k, k).transpose(0, 2, 3, 4, 1)).ravel()
     out = np.full((N, O, OH * S), np.nan, np.float32)
-    K.conv3_forward_simd(x, wt, b, out, W)
+    V.conv3_forward_simd(x, wt, b, out, W)
     got = out.reshape(N, O, OH, S)
     want = conv2d_valid(x[..., :W].astype(np.float64), w.astype(np.float64), b)
     assert np.abs(got[..., :OW] - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
@@ -121,7 +121,7 @@ def test_conv5_backward_weights_simd_matches_numpy(shape):
     dw = np.full((O, C, k, k), np.nan, np.float32)
     db = np.full(O, np.nan, np.float32)
     scratch = np.full((OH * OW + C * k * k) * simd.LANES, np.nan, np.float32)
-    K.conv5_backward_weights_simd(x, dout.reshape(N, O, OH * S), dw, db, W, scratch)
+    V.conv5_backward_weights_simd(x, dout.reshape(N, O, OH * S), dw, db, W, scratch)
     windows = np.lib.stride_tricks.sliding_window_view(x[..., :W].astype(np.float64),
                                                        (k, k), axis=(2, 3))  # (N, C, OH, OW, k, k)
     want = np.einsum("noij,ncijhw->ochw", dout[..., :OW].astype(np.float64), windows)

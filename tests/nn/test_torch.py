@@ -2,7 +2,7 @@
 (hypothesis), the same parameters copied into an equivalent torch.nn net
 (bench/torch_reference.py). Skipped where torch is not installed (the
 `compare` extra; .ci/run installs it). The step-by-step training comparison is
-in test_kernels.py."""
+in test_network.py."""
 
 from __future__ import annotations
 
@@ -46,38 +46,40 @@ def magnitudes(net, xt: torch.Tensor, y: np.ndarray) -> dict[str, np.ndarray]:
     pool taking the real net's decisions. Each entry is the sum of the
     absolute values of every term that goes into that gradient entry."""
     F = torch.nn.functional
+    nn = torch.nn
+    layers = list(net.children())
     acts, x, xa = [], xt, xt.abs()  # xa: the forward pass on absolute values
     with torch.no_grad():
-        for name in net.order:
+        for layer in layers:
             acts.append((x, xa))
-            if name == "relu":
+            if isinstance(layer, nn.ReLU):
                 x, xa = torch.relu(x), xa * (x > 0)
-            elif name == "pool":
+            elif isinstance(layer, nn.MaxPool2d):
                 x, idx = F.max_pool2d(x, 2, return_indices=True)
                 xa = xa.flatten(2).gather(2, idx.flatten(2)).reshape(x.shape)
-            elif name == "flatten":
+            elif isinstance(layer, nn.Flatten):
                 x, xa = x.flatten(1), xa.flatten(1)
             else:
-                layer = getattr(net, name)
                 w, b = layer.weight.abs(), layer.bias.abs()
                 x = layer(x)
-                xa = (xa @ w.T + b if isinstance(layer, torch.nn.Linear)
+                xa = (xa @ w.T + b if isinstance(layer, nn.Linear)
                       else F.conv2d(xa, w, b, padding=layer.padding))
         g = (torch.softmax(x, 1) + F.one_hot(torch.from_numpy(y), x.shape[1])) / x.shape[0]
         out = {}
-        for name, (x, xa) in zip(reversed(net.order), reversed(acts), strict=True):
-            if name == "relu":
+        names = [name for name, _ in net.named_children()]
+        for name, layer, (x, xa) in zip(reversed(names), reversed(layers), reversed(acts),
+                                        strict=True):
+            if isinstance(layer, nn.ReLU):
                 g = g * (x > 0)
-            elif name == "pool":  # to each window's maximum, as the net routes it
+            elif isinstance(layer, nn.MaxPool2d):  # to each window's maximum, as the net routes it
                 _, idx = F.max_pool2d(x, 2, return_indices=True)
                 g = torch.zeros_like(x).flatten(2).scatter_add_(2, idx.flatten(2), g.flatten(2)
                                                                 ).reshape(x.shape)
-            elif name == "flatten":
+            elif isinstance(layer, nn.Flatten):
                 g = g.reshape(x.shape)
             else:
-                layer = getattr(net, name)
                 w = layer.weight.abs()
-                if isinstance(layer, torch.nn.Linear):
+                if isinstance(layer, nn.Linear):
                     out[f"{name}.weight"], out[f"{name}.bias"] = g.T @ xa, g.sum(0)
                     g = g @ w
                 else:

@@ -1,0 +1,337 @@
+"""Convolution passes in explicit vectors of 16 float32 lanes (iasgd.nn.simd),
+for float32 maps on machines with AVX-512 (which convs: the conv kind's
+PATH bits, iasgd.nn.layers.conv; measurements: bench/results/conv-paths.md).
+
+Each `*_lanes` entry takes the weights in PyTorch's order and runs the
+direct kernel instead on other dtypes (the tests' float64 finite
+differences), which the vectors do not take.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import types
+from numba.extending import overload
+
+from iasgd.compiled import jit_inline
+from iasgd.nn import simd
+from iasgd.nn.conv.direct import conv3_forward, conv5_backward_weights, conv5_forward
+from iasgd.nn.plan import total
+
+SIMD_BLOCK = 10  # output pixels per block of conv5_forward_simd
+SIMD3_CHANNELS = 8  # output channels per block of conv3_forward_simd
+
+
+# ------------------------------------------------- explicit-vector forward
+#
+# The direct forward runs each kernel row over the whole wide plane with its
+# sums in memory: on LeNet-5's 14 x 14 planes that is 136 positions per
+# loop. With the output channels in the 16 lanes of a vector
+# (iasgd.nn.simd), a block of SIMD_BLOCK output pixels keeps one accumulator
+# vector per pixel in registers through all C*k*k taps: each tap loads one
+# vector of weights and multiplies it into every pixel's accumulator with
+# that pixel's input value broadcast (about 2.5x the direct kernel's speed
+# on LeNet-5's 6 -> 16 conv: bench/results/conv-paths.md).
+
+
+@jit_inline
+def conv5_forward_simd(x, wt, b, out, width, block):
+    """conv_forward of a 5x5 kernel on float32 maps by explicit vectors, 16
+    output channels at a time.
+
+    x: (N, C, H, S); wt: (C*25*O,) the weights ordered (O/16, C, 5, 5, 16):
+    each group of 16 output channels' taps together, so that a group's
+    weights stay in L1; O a multiple of 16; b: (O,); out: (N, O, OH*S) wide;
+    block: (SIMD_BLOCK*16,) scratch. Needs OW = width-4 >= SIMD_BLOCK: a
+    row's last block is moved back to end at OW (its first pixels are
+    computed twice, alike). k is a constant: LLVM unrolls the taps, which
+    it cannot over a k it does not know (3x3: conv3_forward_simd).
+    """
+    N, C, H, S = x.shape
+    O = b.size
+    L = simd.LANES
+    OH, OW = H - 4, width - 4
+    xf = x.reshape((N, C * H * S))
+    for n in range(N):
+        xs = xf[n]
+        for ob in range(0, O, L):
+            bias = simd.load(b, ob)
+            group = ob * C * 25  # = (ob / L) * (C*25*L)
+            for i in range(OH):
+                j = 0
+                while j < OW:
+                    j = min(j, OW - SIMD_BLOCK)
+                    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = a8 = a9 = bias
+                    for c in range(C):
+                        for kh in range(5):
+                            r = (c * H + i + kh) * S + j
+                            taps = group + (c * 5 + kh) * 5 * L
+                            for kw in range(5):
+                                w = simd.load(wt, taps + kw * L)
+                                q = r + kw
+                                a0 = simd.fma(w, simd.splat(xs[q]), a0)
+                                a1 = simd.fma(w, simd.splat(xs[q + 1]), a1)
+                                a2 = simd.fma(w, simd.splat(xs[q + 2]), a2)
+                                a3 = simd.fma(w, simd.splat(xs[q + 3]), a3)
+                                a4 = simd.fma(w, simd.splat(xs[q + 4]), a4)
+                                a5 = simd.fma(w, simd.splat(xs[q + 5]), a5)
+                                a6 = simd.fma(w, simd.splat(xs[q + 6]), a6)
+                                a7 = simd.fma(w, simd.splat(xs[q + 7]), a7)
+                                a8 = simd.fma(w, simd.splat(xs[q + 8]), a8)
+                                a9 = simd.fma(w, simd.splat(xs[q + 9]), a9)
+                    simd.store(block, 0, a0)
+                    simd.store(block, L, a1)
+                    simd.store(block, 2 * L, a2)
+                    simd.store(block, 3 * L, a3)
+                    simd.store(block, 4 * L, a4)
+                    simd.store(block, 5 * L, a5)
+                    simd.store(block, 6 * L, a6)
+                    simd.store(block, 7 * L, a7)
+                    simd.store(block, 8 * L, a8)
+                    simd.store(block, 9 * L, a9)
+                    for p in range(SIMD_BLOCK):  # pixel-major block -> channel planes
+                        for o in range(L):
+                            out[n, ob + o, i * S + j + p] = block[p * L + o]
+                    j += SIMD_BLOCK
+
+
+def conv5_forward_lanes(x, w, b, out, width, scratch):
+    """conv5_forward_simd on float32 maps, the weights w (O, C, 5, 5) first
+    reordered into scratch (C*25*O + SIMD_BLOCK*16 floats); the direct
+    kernel on other dtypes, which the vectors do not take (the tests'
+    float64 finite differences)."""
+
+
+@overload(conv5_forward_lanes, jit_options={"fastmath": True})
+def _conv5_forward_lanes(x, w, b, out, width, scratch):
+    if x.dtype != types.float32:
+        return lambda x, w, b, out, width, scratch: conv5_forward(x, w, b, out, width)
+
+    def lanes(x, w, b, out, width, scratch):
+        wt = _grouped_taps(w, simd.LANES, scratch)
+        conv5_forward_simd(x, wt, b, out, width,
+                           scratch[wt.size:wt.size + SIMD_BLOCK * simd.LANES])
+    return lanes
+
+
+@jit_inline
+def _grouped_taps(w, G, scratch):
+    """The weights w (O, C, k, k) reordered (O/G, C, k, k, G) into the start
+    of scratch, and that view: each group of G output channels' taps
+    together, a tap's G channels side by side (the vector forwards' order)."""
+    O, C, k, _ = w.shape
+    wt = scratch[:C * k * k * O]
+    for o in range(O):
+        r = (o - o % G) * C * k * k + o % G
+        for c in range(C):
+            for kh in range(k):
+                for kw in range(k):
+                    wt[r] = w[o, c, kh, kw]
+                    r += G
+    return wt
+
+
+# ------------------------------------------------- explicit-vector 3x3 forward
+#
+# The direct 3x3 forward keeps its sums in memory: each vector of pixels
+# loads and stores four channels' sums for 12 FMAs. Here the lanes are 16
+# output pixels of a row, and a block of SIMD3_CHANNELS output channels times
+# two rows keeps its 16 sums in registers through all C*9 taps: each tap
+# loads two input rows and broadcasts 8 weights for 16 FMAs, and the sums are
+# stored once, straight into the output rows (about 2x the direct kernel's
+# speed on vgg-small's convs: bench/results/conv-paths.md).
+
+
+@jit_inline
+def conv3_forward_simd(x, wt, b, out, width):
+    """conv_forward of a 3x3 kernel on float32 maps by explicit vectors.
+
+    x: (N, C, H, S); wt: (C*9*O,) the weights ordered (O/8, C, 3, 3, 8):
+    each group of SIMD3_CHANNELS output channels' taps together; O a multiple
+    of 8; b: (O,); out: (N, O, OH*S) wide (only valid columns written).
+    Needs OW = width-2 >= 16 and OH = H-2 >= 2: a row's last block of 16
+    columns is moved back to end at OW, and an odd last row pairs with the
+    row before it (those pixels are computed twice, alike).
+    """
+    N, C, H, S = x.shape
+    O = b.size
+    L = simd.LANES
+    G = SIMD3_CHANNELS
+    OH, OW = H - 2, width - 2
+    xf = x.reshape((N, C * H * S))
+    for n in range(N):
+        xs = xf[n]
+        on = out[n]
+        for ob in range(0, O, G):
+            group = ob * C * 9  # = (ob / G) * (C*9*G)
+            o0, o1, o2, o3 = on[ob], on[ob + 1], on[ob + 2], on[ob + 3]
+            o4, o5, o6, o7 = on[ob + 4], on[ob + 5], on[ob + 6], on[ob + 7]
+            for i0 in range(0, OH, 2):
+                i = min(i0, OH - 2)
+                for j0 in range(0, OW, L):
+                    j = min(j0, OW - L)
+                    p0 = q0 = simd.splat_at(b, ob)
+                    p1 = q1 = simd.splat_at(b, ob + 1)
+                    p2 = q2 = simd.splat_at(b, ob + 2)
+                    p3 = q3 = simd.splat_at(b, ob + 3)
+                    p4 = q4 = simd.splat_at(b, ob + 4)
+                    p5 = q5 = simd.splat_at(b, ob + 5)
+                    p6 = q6 = simd.splat_at(b, ob + 6)
+                    p7 = q7 = simd.splat_at(b, ob + 7)
+                    for row in range(C * 3):  # (channel, kernel row)
+                        r = (row // 3 * H + i + row % 3) * S + j
+                        for kw in range(3):
+                            top = simd.load(xs, r + kw)  # input row i + kh
+                            bot = simd.load(xs, r + S + kw)  # and i + 1 + kh
+                            t = group + (row * 3 + kw) * G
+                            w = simd.splat_at(wt, t)
+                            p0, q0 = simd.fma(w, top, p0), simd.fma(w, bot, q0)
+                            w = simd.splat_at(wt, t + 1)
+                            p1, q1 = simd.fma(w, top, p1), simd.fma(w, bot, q1)
+                            w = simd.splat_at(wt, t + 2)
+                            p2, q2 = simd.fma(w, top, p2), simd.fma(w, bot, q2)
+                            w = simd.splat_at(wt, t + 3)
+                            p3, q3 = simd.fma(w, top, p3), simd.fma(w, bot, q3)
+                            w = simd.splat_at(wt, t + 4)
+                            p4, q4 = simd.fma(w, top, p4), simd.fma(w, bot, q4)
+                            w = simd.splat_at(wt, t + 5)
+                            p5, q5 = simd.fma(w, top, p5), simd.fma(w, bot, q5)
+                            w = simd.splat_at(wt, t + 6)
+                            p6, q6 = simd.fma(w, top, p6), simd.fma(w, bot, q6)
+                            w = simd.splat_at(wt, t + 7)
+                            p7, q7 = simd.fma(w, top, p7), simd.fma(w, bot, q7)
+                    a = i * S + j
+                    simd.store(o0, a, p0)
+                    simd.store(o0, a + S, q0)
+                    simd.store(o1, a, p1)
+                    simd.store(o1, a + S, q1)
+                    simd.store(o2, a, p2)
+                    simd.store(o2, a + S, q2)
+                    simd.store(o3, a, p3)
+                    simd.store(o3, a + S, q3)
+                    simd.store(o4, a, p4)
+                    simd.store(o4, a + S, q4)
+                    simd.store(o5, a, p5)
+                    simd.store(o5, a + S, q5)
+                    simd.store(o6, a, p6)
+                    simd.store(o6, a + S, q6)
+                    simd.store(o7, a, p7)
+                    simd.store(o7, a + S, q7)
+
+
+def conv3_forward_lanes(x, w, b, out, width, scratch):
+    """conv3_forward_simd on float32 maps, the weights w (O, C, 3, 3) first
+    reordered into scratch (C*9*O floats); the direct kernel on other
+    dtypes (the tests' float64 finite differences)."""
+
+
+@overload(conv3_forward_lanes, jit_options={"fastmath": True})
+def _conv3_forward_lanes(x, w, b, out, width, scratch):
+    if x.dtype != types.float32:
+        return lambda x, w, b, out, width, scratch: conv3_forward(x, w, b, out, width)
+
+    def lanes(x, w, b, out, width, scratch):
+        conv3_forward_simd(x, _grouped_taps(w, SIMD3_CHANNELS, scratch), b, out, width)
+    return lanes
+
+
+# The weight gradient sums, for each of the C*25 taps, one product per
+# output pixel and sample. With 16 output channels in the lanes, a sample's
+# output gradient is first copied position-major (one vector per pixel), and
+# each kernel row's 5 taps keep two vectors of sums each in registers through
+# all the row's pixels: one vector load and 10 multiply-adds per two pixels.
+# The input values are broadcast by simd.splat_at: with splat(xs[p]), numba's
+# check for a negative index cost half the speed (the weight gradient's
+# measurements: bench/results/conv-paths.md).
+
+
+@jit_inline
+def conv5_backward_weights_simd(x, dout, dw, db, width, scratch):
+    """conv_backward_weights of a 5x5 kernel on float32 maps by explicit
+    vectors, 16 output channels at a time.
+
+    x: (N, C, H, S), valid width `width`; dout: (N, O, OH*S) wide, zero in
+    junk columns; dw: (O, C, 5, 5) and db: (O,) are overwritten; O a multiple
+    of 16; scratch: (OH*OW*16 + C*25*16,) floats, for one sample's output
+    gradient of a group, position-major (OH*OW, 16), and the group's weight
+    gradient, tap-major (C, 5, 5, 16).
+    """
+    N, C, H, S = x.shape
+    O = db.size
+    L = simd.LANES
+    OH, OW = H - 4, width - 4
+    xf = x.reshape((N, C * H * S))
+    lanes = scratch[:OH * OW * L]
+    sums = scratch[OH * OW * L:(OH * OW + C * 25) * L]
+    zero = simd.splat(np.float32(0))
+    for o in range(O):
+        db[o] = 0
+        for n in range(N):
+            db[o] += total(dout[n, o, :(OH - 1) * S + OW])
+    for ob in range(0, O, L):
+        for t in range(C * 25):
+            simd.store(sums, t * L, zero)
+        for n in range(N):
+            # (with `range(L)`, LLVM would unroll the copy 16 times: 0.5 s more)
+            for o in range(ob, ob + L):
+                d = dout[n, o]
+                for i in range(OH):
+                    for j in range(OW):
+                        lanes[(i * OW + j) * L + o - ob] = d[i * S + j]
+            xs = xf[n]
+            for row in range(C * 5):  # one loop: see "The direct kernels loop"
+                c, kh = row // 5, row % 5
+                t = row * 5 * L
+                a0, a1, a2, a3, a4 = (simd.load(sums, t), simd.load(sums, t + L),
+                                      simd.load(sums, t + 2 * L), simd.load(sums, t + 3 * L),
+                                      simd.load(sums, t + 4 * L))
+                b0 = b1 = b2 = b3 = b4 = zero  # the odd pixels' sums
+                for i in range(OH):
+                    r = (c * H + i + kh) * S  # input row of output row i, kernel row kh
+                    q = i * OW * L
+                    for j in range(0, OW - 1, 2):
+                        e = simd.load(lanes, q + j * L)
+                        f = simd.load(lanes, q + (j + 1) * L)
+                        p = r + j
+                        a0 = simd.fma(e, simd.splat_at(xs, p), a0)
+                        a1 = simd.fma(e, simd.splat_at(xs, p + 1), a1)
+                        a2 = simd.fma(e, simd.splat_at(xs, p + 2), a2)
+                        a3 = simd.fma(e, simd.splat_at(xs, p + 3), a3)
+                        a4 = simd.fma(e, simd.splat_at(xs, p + 4), a4)
+                        b0 = simd.fma(f, simd.splat_at(xs, p + 1), b0)
+                        b1 = simd.fma(f, simd.splat_at(xs, p + 2), b1)
+                        b2 = simd.fma(f, simd.splat_at(xs, p + 3), b2)
+                        b3 = simd.fma(f, simd.splat_at(xs, p + 4), b3)
+                        b4 = simd.fma(f, simd.splat_at(xs, p + 5), b4)
+                    if OW % 2 == 1:
+                        e = simd.load(lanes, q + (OW - 1) * L)
+                        p = r + OW - 1
+                        a0 = simd.fma(e, simd.splat_at(xs, p), a0)
+                        a1 = simd.fma(e, simd.splat_at(xs, p + 1), a1)
+                        a2 = simd.fma(e, simd.splat_at(xs, p + 2), a2)
+                        a3 = simd.fma(e, simd.splat_at(xs, p + 3), a3)
+                        a4 = simd.fma(e, simd.splat_at(xs, p + 4), a4)
+                simd.store(sums, t, simd.add(a0, b0))
+                simd.store(sums, t + L, simd.add(a1, b1))
+                simd.store(sums, t + 2 * L, simd.add(a2, b2))
+                simd.store(sums, t + 3 * L, simd.add(a3, b3))
+                simd.store(sums, t + 4 * L, simd.add(a4, b4))
+        taps = dw.reshape((O, C * 25))
+        for t in range(C * 25):  # tap-major sums -> dw
+            for o in range(L):
+                taps[ob + o, t] = sums[t * L + o]
+
+
+def conv5_weights_lanes(x, dout, dw, db, width, scratch):
+    """conv5_backward_weights_simd on float32 maps; the direct kernel on
+    other dtypes (the tests' float64 finite differences)."""
+
+
+@overload(conv5_weights_lanes, jit_options={"fastmath": True})
+def _conv5_weights_lanes(x, dout, dw, db, width, scratch):
+    if x.dtype != types.float32:
+        return lambda x, dout, dw, db, width, scratch: conv5_backward_weights(x, dout, dw, db,
+                                                                                width)
+    return lambda x, dout, dw, db, width, scratch: conv5_backward_weights_simd(
+        x, dout, dw, db, width, scratch)
+

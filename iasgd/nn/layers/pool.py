@@ -1,0 +1,172 @@
+"""2x2 max-pool, stride 2, floor for odd sizes (PyTorch's max_pool2d(x, 2)).
+
+It reads a wide map (a conv's output, row stride S) and writes a compact
+one. A ReLU right before it is fused into it (max and ReLU commute), and
+when the next layer wants a zero border around its input (a "same" conv)
+the pool writes inside that border, so the conv needs no pad row. Each
+window's maximum is remembered (argmax, the first on ties) for the
+backward pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from iasgd.compiled import jit_inline
+from iasgd.nn.kinds import Kind, LayerShape, Lowering, Params, RowOp, Shape, Sizing, image
+from iasgd.nn.layers import kind_of
+from iasgd.nn.plan import (
+    P_AOFF,
+    P_C,
+    P_CO,
+    P_GRAD,
+    P_H,
+    P_K,
+    P_OH,
+    P_OS,
+    P_OW,
+    P_RELU,
+    P_S,
+    P_W,
+    P_XOFF,
+    P_ZOFF,
+    nothing,
+    view3,
+    view4,
+)
+
+
+@dataclass(frozen=True)
+class Pool:
+    """2x2 max-pool, stride 2 (floor for odd sizes)."""
+
+    def spec(self) -> str:
+        return "pool"
+
+
+@jit_inline
+def maxpool2_forward(z, width, out, border, argmax, relu):
+    """The 2x2 max-pool of a wide map (floor for odd sizes), and its ReLU
+    where `relu`.
+
+    z: (N, C, H*width) with row stride `width`; out: the whole output map
+    (N, C, PH + 2B, PW + 2B), the pooled (PH, PW) = argmax's shape inside a
+    border of B = `border` pixels (the padding of a "same" conv that
+    follows; the border itself is not written); argmax: int32 (N, C, PH,
+    PW), receives the flat index into the wide plane of each window's
+    maximum (the first one on ties), for the backward pass.
+    """
+    # Rows of a C-contiguous map and a window's maximum found by selects, not
+    # a loop over candidates: LLVM vectorises the row (bench/results/conv-paths.md).
+    N, C, PH, PW = argmax.shape
+    for n in range(N):
+        for c in range(C):
+            plane = z[n, c]
+            for i in range(PH):
+                top = 2 * i * width
+                r0 = plane[top:top + width]
+                r1 = plane[top + width:top + 2 * width]
+                o = out[n, c, border + i, border:border + PW]
+                a = argmax[n, c, i]
+                for j in range(PW):
+                    m, off = r0[2 * j], 0  # the first maximum wins ties
+                    if r0[2 * j + 1] > m:
+                        m, off = r0[2 * j + 1], 1
+                    if r1[2 * j] > m:
+                        m, off = r1[2 * j], width
+                    if r1[2 * j + 1] > m:
+                        m, off = r1[2 * j + 1], width + 1
+                    a[j] = top + 2 * j + off
+                    o[j] = max(m, 0) if relu else m
+
+
+@jit_inline
+def maxpool2_backward(dout, out, argmax, dz, relu):
+    """Route pooled gradients back to the window maxima (those that were
+    positive, where `relu`).
+
+    dout, out, argmax: (N, C, PH, PW); dz: (N, C, H*width) wide, overwritten
+    (zero everywhere else, junk columns included).
+    """
+    N, C, PH, PW = dout.shape
+    dz[:] = 0
+    for n in range(N):
+        for c in range(C):
+            for i in range(PH):
+                for j in range(PW):
+                    if not relu or out[n, c, i, j] > 0:
+                        dz[n, c, argmax[n, c, i, j]] = dout[n, c, i, j]
+
+
+# ------------------------------------------------------------------ its row
+
+
+def pool_forward_op(params, grad, plan, i, acts, dacts, argmax, n):
+    row = plan[i]
+    maxpool2_forward(view3(acts, row[P_XOFF], n, row[P_C], row[P_H] * row[P_S]), row[P_S],
+                     _pool_map(acts, row, n), row[P_K], _argmax4(argmax, row, n),
+                     row[P_RELU] != 0)
+
+
+def pool_input_op(params, grad, plan, i, acts, dacts, argmax, n):
+    row = plan[i]
+    maxpool2_backward(_pooled(dacts, row, n), _pooled(acts, row, n), _argmax4(argmax, row, n),
+                      view3(dacts, row[P_XOFF], n, row[P_C], row[P_H] * row[P_S]),
+                      row[P_RELU] != 0)
+
+
+@jit_inline
+def _pool_map(flat, row, n):
+    """A pool row's whole output map (n, CO, OH + 2K, OS): the pooled values
+    inside a zero border of K pixels when it is the input of a "same" conv."""
+    return view4(flat, row[P_ZOFF], n, row[P_CO], row[P_OH] + 2 * row[P_K], row[P_OS])
+
+
+@jit_inline
+def _pooled(flat, row, n):
+    """A pool row's (n, CO, OH, OW) output inside its map (_pool_map)."""
+    B = row[P_K]
+    return _pool_map(flat, row, n)[:, :, B:B + row[P_OH], B:B + row[P_OW]]
+
+
+@jit_inline
+def _argmax4(argmax, row, n):
+    return view4(argmax, row[P_AOFF], n, row[P_CO], row[P_OH], row[P_OW])
+
+
+def _passes(row: Any) -> tuple:
+    return pool_forward_op, nothing, pool_input_op if row[P_GRAD] else nothing
+
+
+def _label(row: Any) -> str:
+    return f"pool {row[P_C]}x{row[P_H]}x{row[P_W]}" + (" +relu" if row[P_RELU] else "")
+
+
+ROW = RowOp("pool", _passes, {pool_forward_op: 0.9, pool_input_op: 0.9}, label=_label)
+
+
+def _shape(layer: Pool, shape: Shape, sizing: Sizing) -> tuple[Shape, Params]:
+    c, h, w = image(shape, sizing.where)
+    if h < 2 or w < 2:
+        raise ValueError(f"{sizing.where}: its {h}x{w} input is too small for a 2x2 pool")
+    return (c, h // 2, w // 2), ()
+
+
+def _lower(lo: Lowering, ls: LayerShape, nxt: LayerShape | None) -> None:
+    c, ph, pw = lo.c, lo.h // 2, lo.w // 2
+    b = kind_of(nxt.layer).border(nxt.layer) if nxt is not None else 0  # the next one's padding
+    z = lo.alloc(c * (ph + 2 * b) * (pw + 2 * b))
+    lo.emit(ROW, c, ph, pw, pw + 2 * b, z, aoff=lo.alloc_argmax(c * ph * pw),
+            relu=lo.fused_relu(), k=b)
+    lo.move(z, c, ph + 2 * b, pw + 2 * b, pw + 2 * b, border=b)
+
+
+def _torch(ls: LayerShape, shape: Shape) -> list[tuple[str, Any]]:
+    from torch import nn
+
+    return [("pool", nn.MaxPool2d(2))]
+
+
+KIND = Kind("pool", Pool, r"pool", "pool", lambda m: Pool(), _shape, _lower, _torch, (ROW,),
+            order=30, relu_before=True)
