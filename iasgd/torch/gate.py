@@ -329,25 +329,26 @@ class Step:
             return False
         self.tau = tau
         self.lr_factor = float(g.factors[min(tau, g.factors.size - 1)])
+        value = math.nan if loss is None else float(
+            loss.detach() if isinstance(loss, torch.Tensor) else loss)
         if fn is not None:
-            if scale_lr is not None and self.lr_factor != 1.0:
-                saved = [group["lr"] for group in scale_lr.param_groups]
-                for group in scale_lr.param_groups:
-                    group["lr"] = group["lr"] * self.lr_factor
-                try:
-                    fn()
-                finally:
-                    for group, lr in zip(scale_lr.param_groups, saved, strict=True):
-                        group["lr"] = lr
-            else:
-                fn()
-        if loss is None:
-            value = math.nan
-        else:
-            value = float(loss.detach() if isinstance(loss, torch.Tensor) else loss)
+            self._write(fn, scale_lr)
         S.end_write(g.state, row, g.hists[self.row], g.control, g.ring, g.code, value)
         self.applied = True
         return True
+
+    def _write(self, fn: Callable[[], Any], scale_lr: Any) -> None:
+        if scale_lr is None or self.lr_factor == 1.0:
+            fn()
+            return
+        saved = [group["lr"] for group in scale_lr.param_groups]
+        for group in scale_lr.param_groups:
+            group["lr"] = group["lr"] * self.lr_factor
+        try:
+            fn()
+        finally:
+            for group, lr in zip(scale_lr.param_groups, saved, strict=True):
+                group["lr"] = lr
 
     def __exit__(self, kind, err, tb) -> None:
         if self.applied is None or kind is not None:
