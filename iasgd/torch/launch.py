@@ -21,7 +21,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import threading
 import traceback
 from collections.abc import Callable
 from multiprocessing.connection import wait
@@ -59,15 +58,16 @@ def _worker_main(gate: Gate, fn: Callable[..., Any], rank: int, args: tuple,
 
 def run(gate: Gate, fn: Callable[..., Any], args: tuple = (), processes: int = 2, *,
         start_method: str | None = None, on_error: str = "stop", seconds: float | None = None,
-        torch_threads: int | None = None, threads: bool = False,
-        tick_s: float = 0.02) -> GateReport:
+        torch_threads: int | None = None, tick_s: float = 0.02) -> GateReport:
     """Run fn(rank, *args) for rank in range(processes) on `gate` and wait
     for all (the module doc). start_method: torch.multiprocessing's
     ("fork", "spawn", "forkserver"; None: the platform's default).
     seconds: a time budget (Gate.stop_after). torch_threads: intra-op
     threads per worker (default: the cores shared out, at least 1, as
-    PyTorch's Hogwild! example does). threads: run the workers as threads
-    of this process instead."""
+    PyTorch's Hogwild! example does). Threads are not offered: they share
+    one module's .grad, and with a replica each they ran 0.87-0.91 of the
+    processes' samples/s (docs/pytorch.md); the gate itself works from
+    threads (a row each) for a loop that starts its own."""
     if on_error not in ("stop", "continue"):
         raise ValueError(f"on_error must be 'stop' or 'continue', not {on_error!r}")
     if processes > gate.workers:
@@ -76,8 +76,6 @@ def run(gate: Gate, fn: Callable[..., Any], args: tuple = (), processes: int = 2
     gate.warm()
     if seconds is not None:
         gate.stop_after(seconds)
-    if threads:
-        return _run_threads(gate, fn, args, processes, on_error, tick_s)
     ctx = mp.get_context(start_method)
     errors = ctx.SimpleQueue()
     per = torch_threads or max(1, (os.cpu_count() or 1) // processes)
@@ -133,42 +131,3 @@ def _join_after_interrupt(gate: Gate, left: list[tuple[int, Any]]) -> None:
             p.join()
     for _, p in left:
         gate.give_back(p.pid)
-
-
-def _run_threads(gate: Gate, fn: Callable[..., Any], args: tuple, n: int, on_error: str,
-                 tick_s: float) -> GateReport:
-    failures: list[tuple[int, str]] = []
-
-    def body(rank: int) -> None:
-        try:
-            fn(rank, *args)
-        except Stopped:
-            pass
-        except BaseException:
-            failures.append((rank, traceback.format_exc()))
-            if on_error == "stop":
-                gate.stop(S.FAILED)
-
-    team = [threading.Thread(target=body, args=(rank,), name=f"iasgd-torch-{rank}",
-                             daemon=True) for rank in range(n)]
-    for t in team:
-        t.start()
-    try:
-        while any(t.is_alive() for t in team):
-            team[0].join(tick_s) if team[0].is_alive() else None
-            for t in team:
-                t.join(tick_s / n)
-            gate.tick()
-    except KeyboardInterrupt:
-        gate.stop(S.INTERRUPTED)
-        for t in team:
-            t.join()
-        report = gate.report()
-        print(f"interrupted: every worker stopped; {report.line()}", file=sys.stderr)
-        return report
-    gate.stop(S.COMPLETED)
-    report = gate.report()
-    report.failures = failures
-    if failures and on_error == "stop":
-        raise WorkerError(failures, report)
-    return report
