@@ -16,6 +16,10 @@ consistent. They act on `arr[i]` of a 1-d C-contiguous int64 array.
                         at most timeout_us; may return early (callers re-check)
     futex_wake_all(arr, i)
                         wake every thread sleeping in futex_wait on arr[i]
+    futex_wait_shared, futex_wake_all_shared
+                        the same for an array in memory that processes share
+                        (a shared futex: keyed by the page, not the process);
+                        each flavour wakes only sleepers of its own
 
 Platforms. Linux on x86_64 and aarch64 sleeps on futexes. Elsewhere (macOS,
 other Linux processors), or on Linux with IASGD_PORTABLE_WAIT=1, the portable
@@ -173,7 +177,12 @@ def _monotonic_ns(typingctx):
     return types.int64(), codegen
 
 
-_FUTEX_WAIT_PRIVATE, _FUTEX_WAKE_PRIVATE = 128, 129
+_FUTEX_WAIT, _FUTEX_WAKE = 0, 1
+# FUTEX_PRIVATE_FLAG: the kernel keys a private futex by the process's address
+# space (cheaper: no page lookup), so its wake reaches only the threads of that
+# process. A shared one is keyed by the page it lies on and wakes sleepers in
+# every process that maps it (iasgd.torch's gate, in shared memory).
+_PRIVATE = 128
 _INT_MAX = 2**31 - 1
 
 
@@ -187,49 +196,64 @@ def _futex_call(context, builder, sig, args, op, value, timeout_ptr):
                            ir.Constant(_I64, op), value, timeout_ptr, null, null])
 
 
-@intrinsic
-def _futex_wait(typingctx, arr, idx, expected, timeout_us):
-    _check(arr, idx, expected, timeout_us)
+def _futex_wait_intrinsic(op):
+    """futex_wait with the futex operation `op` (private or shared)."""
 
-    def codegen(context, builder, sig, args):
-        us = context.cast(builder, args[3], sig.args[3], types.int64)
-        exp = context.cast(builder, args[2], sig.args[2], types.int64)
-        low = builder.and_(exp, ir.Constant(_I64, 0xFFFFFFFF))
-        if _SYS_FUTEX is None:  # portable: one short sleep while the word is unchanged
-            ptr = _item_pointer(context, builder, sig.args[0], args[0], args[1])
-            word = builder.and_(builder.load_atomic(ptr, _ORDER, 8),
-                                ir.Constant(_I64, 0xFFFFFFFF))
-            with builder.if_then(builder.icmp_unsigned("==", word, low)):
-                short = ir.Constant(_I64, PORTABLE_SLEEP_US)
-                pick = builder.select(builder.icmp_signed("<", us, short), us, short)
-                fnty = ir.FunctionType(ir.IntType(32), [ir.IntType(32)])
-                fn = cgutils.get_or_insert_function(builder.module, fnty, "usleep")
-                builder.call(fn, [builder.trunc(pick, ir.IntType(32))])
+    @intrinsic
+    def futex_wait_op(typingctx, arr, idx, expected, timeout_us):
+        _check(arr, idx, expected, timeout_us)
+
+        def codegen(context, builder, sig, args):
+            us = context.cast(builder, args[3], sig.args[3], types.int64)
+            exp = context.cast(builder, args[2], sig.args[2], types.int64)
+            low = builder.and_(exp, ir.Constant(_I64, 0xFFFFFFFF))
+            if _SYS_FUTEX is None:  # portable: one short sleep while the word is unchanged
+                ptr = _item_pointer(context, builder, sig.args[0], args[0], args[1])
+                word = builder.and_(builder.load_atomic(ptr, _ORDER, 8),
+                                    ir.Constant(_I64, 0xFFFFFFFF))
+                with builder.if_then(builder.icmp_unsigned("==", word, low)):
+                    short = ir.Constant(_I64, PORTABLE_SLEEP_US)
+                    pick = builder.select(builder.icmp_signed("<", us, short), us, short)
+                    fnty = ir.FunctionType(ir.IntType(32), [ir.IntType(32)])
+                    fn = cgutils.get_or_insert_function(builder.module, fnty, "usleep")
+                    builder.call(fn, [builder.trunc(pick, ir.IntType(32))])
+                return context.get_dummy_value()
+            timespec = ir.LiteralStructType([_I64, _I64])
+            ts = cgutils.alloca_once(builder, timespec)
+            million = ir.Constant(_I64, 1_000_000)
+            builder.store(builder.sdiv(us, million), cgutils.gep_inbounds(builder, ts, 0, 0))
+            builder.store(builder.mul(builder.srem(us, million), ir.Constant(_I64, 1000)),
+                          cgutils.gep_inbounds(builder, ts, 0, 1))
+            _futex_call(context, builder, sig, args, op, low, builder.ptrtoint(ts, _I64))
             return context.get_dummy_value()
-        timespec = ir.LiteralStructType([_I64, _I64])
-        ts = cgutils.alloca_once(builder, timespec)
-        million = ir.Constant(_I64, 1_000_000)
-        builder.store(builder.sdiv(us, million), cgutils.gep_inbounds(builder, ts, 0, 0))
-        builder.store(builder.mul(builder.srem(us, million), ir.Constant(_I64, 1000)),
-                      cgutils.gep_inbounds(builder, ts, 0, 1))
-        _futex_call(context, builder, sig, args, _FUTEX_WAIT_PRIVATE, low,
-                    builder.ptrtoint(ts, _I64))
-        return context.get_dummy_value()
 
-    return types.none(arr, idx, expected, timeout_us), codegen
+        return types.none(arr, idx, expected, timeout_us), codegen
+
+    return futex_wait_op
 
 
-@intrinsic
-def _futex_wake_all(typingctx, arr, idx):
-    _check(arr, idx)
+def _futex_wake_all_intrinsic(op):
+    """futex_wake_all with the futex operation `op` (private or shared)."""
 
-    def codegen(context, builder, sig, args):
-        if _SYS_FUTEX is not None:
-            _futex_call(context, builder, sig, args, _FUTEX_WAKE_PRIVATE,
-                        ir.Constant(_I64, _INT_MAX), ir.Constant(_I64, 0))
-        return context.get_dummy_value()
+    @intrinsic
+    def futex_wake_all_op(typingctx, arr, idx):
+        _check(arr, idx)
 
-    return types.none(arr, idx), codegen
+        def codegen(context, builder, sig, args):
+            if _SYS_FUTEX is not None:
+                _futex_call(context, builder, sig, args, op,
+                            ir.Constant(_I64, _INT_MAX), ir.Constant(_I64, 0))
+            return context.get_dummy_value()
+
+        return types.none(arr, idx), codegen
+
+    return futex_wake_all_op
+
+
+_futex_wait = _futex_wait_intrinsic(_FUTEX_WAIT | _PRIVATE)
+_futex_wake_all = _futex_wake_all_intrinsic(_FUTEX_WAKE | _PRIVATE)
+_futex_wait_shared = _futex_wait_intrinsic(_FUTEX_WAIT)
+_futex_wake_all_shared = _futex_wake_all_intrinsic(_FUTEX_WAKE)
 
 
 if numba.config.DISABLE_JIT:
@@ -272,6 +296,8 @@ if numba.config.DISABLE_JIT:
     def futex_wake_all(arr: np.ndarray, i: int) -> None:
         pass  # sleepers in the fallback wake up by themselves
 
+    futex_wait_shared, futex_wake_all_shared = futex_wait, futex_wake_all
+
 else:
     atomic_add = _atomic_add
     atomic_cas = _atomic_cas
@@ -282,3 +308,5 @@ else:
     monotonic_ns = _monotonic_ns
     futex_wait = _futex_wait
     futex_wake_all = _futex_wake_all
+    futex_wait_shared = _futex_wait_shared
+    futex_wake_all_shared = _futex_wake_all_shared

@@ -37,7 +37,9 @@ Sleeping. A waiter announces itself (a sleeper count), reads the futex word,
 re-checks its condition and only then sleeps; a waker changes the condition,
 bumps the word, then wakes if anyone announced. With sequentially consistent
 atomics one of the two always sees the other, so no wake-up is lost; the
-futex timeouts are a safety net, never needed for progress.
+futex timeouts are a safety net, never needed for progress. Threads of one
+process sleep on private futexes; a state that processes share (SHARED set,
+iasgd.torch) on shared ones, whose wakes reach every process.
 """
 
 from __future__ import annotations
@@ -52,7 +54,9 @@ from iasgd.protocol.atomics import (
     atomic_store,
     cpu_relax,
     futex_wait,
+    futex_wait_shared,
     futex_wake_all,
+    futex_wake_all_shared,
     monotonic_ns,
     sleep_us,
 )
@@ -84,6 +88,7 @@ ABORT = 22  # nonzero: a worker failed; barrier waiters leave as well
 ROUND = 23  # sync: 1 if the current round's update is applied, 0 if cancelled
 DEADLINE = 24  # monotonic ns at which the time budget runs out (0: none)
 EXPIRED = 25  # nonzero: a worker found the deadline passed and stopped the run
+SHARED = 26  # nonzero: the state is in memory that processes share (shared futexes)
 STATE_SIZE = 32
 
 DROP, WAIT = 0, 1
@@ -99,9 +104,11 @@ PARKED_SAFETY_US = 1_000_000
 SPIN_ROUNDS = 64  # a waiter spins this often before it sleeps (the model uses fewer)
 
 
-def new_state(y: int = UNBOUNDED, limit: int = 0, active: int = 1 << 30) -> np.ndarray:
+def new_state(y: int = UNBOUNDED, limit: int = 0, active: int = 1 << 30,
+              shared: bool = False) -> np.ndarray:
     """A fresh gate: generation 0, interval size y, `limit` tickets, `active`
-    workers allowed to run."""
+    workers allowed to run. `shared`: its sleeps and wakes reach other
+    processes (copy it into memory they share, e.g. iasgd.torch's)."""
     if not (1 <= y <= MAX_Y or y == UNBOUNDED):
         raise ValueError(f"interval size y must be in [1, {MAX_Y}], got {y}")
     state = np.zeros(STATE_SIZE, np.int64)
@@ -109,6 +116,7 @@ def new_state(y: int = UNBOUNDED, limit: int = 0, active: int = 1 << 30) -> np.n
     state[LIMIT] = limit
     state[M] = active
     state[ROUND] = 1
+    state[SHARED] = int(shared)
     return state
 
 
@@ -118,9 +126,29 @@ def stopped(state):
 
 
 @jit_inline
+def _sleep(state, word, seen, timeout_us):
+    """futex_wait on a word of the state, in the state's flavour: a private
+    futex (threads of one process, cheaper) or, for a state that processes
+    share, a shared one (a private wake would reach no other process)."""
+    if atomic_load(state, SHARED) != 0:
+        futex_wait_shared(state, word, seen, timeout_us)
+    else:
+        futex_wait(state, word, seen, timeout_us)
+
+
+@jit_inline
+def _wake(state, word):
+    """futex_wake_all on a word of the state, in the state's flavour."""
+    if atomic_load(state, SHARED) != 0:
+        futex_wake_all_shared(state, word)
+    else:
+        futex_wake_all(state, word)
+
+
+@jit_inline
 def _bump_and_wake(state, word):
     atomic_add(state, word, 1)
-    futex_wake_all(state, word)
+    _wake(state, word)
 
 
 @jit_inline
@@ -176,7 +204,7 @@ def take_ticket(state):
 def _wake_allowance_sleepers(state):
     atomic_add(state, ALLOWANCE, 1)
     if atomic_load(state, ALLOWANCE_SLEEPERS) > 0:
-        futex_wake_all(state, ALLOWANCE)
+        _wake(state, ALLOWANCE)
 
 
 @jit_inline
@@ -209,7 +237,7 @@ def wait_for_allowance(state, have):
     atomic_add(state, ALLOWANCE_SLEEPERS, 1)
     seen = atomic_load(state, ALLOWANCE)
     if _no_allowance(state, have):
-        futex_wait(state, ALLOWANCE, seen, SAFETY_US)
+        _sleep(state, ALLOWANCE, seen, SAFETY_US)
     atomic_add(state, ALLOWANCE_SLEEPERS, -1)
 
 
@@ -245,7 +273,7 @@ def wait_settled(state, timeout_us):
         left_ns = deadline - monotonic_ns()
         if left_ns <= 0:
             return False
-        futex_wait(state, SETTLED, seen, max(left_ns // 1000, 1))
+        _sleep(state, SETTLED, seen, max(left_ns // 1000, 1))
 
 
 # ---------------------------------------------------------------- intervals
@@ -301,7 +329,7 @@ def wait_for_slot(state):
         # changes OPENED, so the futex does not sleep or is woken.
         gen = try_slot(state)
         if gen < 0 and not stopped(state):
-            futex_wait(state, OPENED, seen, SAFETY_US)
+            _sleep(state, OPENED, seen, SAFETY_US)
         atomic_add(state, SLEEPERS, -1)
         if gen >= 0:
             return gen
@@ -348,7 +376,7 @@ def finish_apply(state):
     atomic_store(state, GEN_TAKEN, (gen + 1) << 32)  # opens it
     atomic_add(state, OPENED, 1)
     if atomic_load(state, SLEEPERS) > 0:
-        futex_wake_all(state, OPENED)
+        _wake(state, OPENED)
     return True
 
 
@@ -372,7 +400,7 @@ def park_while_inactive(state, wid):
             return False
         seen = atomic_load(state, M_CHANGED)
         if wid >= atomic_load(state, M) and not stopped(state):
-            futex_wait(state, M_CHANGED, seen, PARKED_SAFETY_US)
+            _sleep(state, M_CHANGED, seen, PARKED_SAFETY_US)
     return True
 
 

@@ -200,6 +200,7 @@ class Scheduler:
                 if t.blocked_on == i:
                     t.blocked_on = None
 
+        futex_wait_shared, futex_wake_all_shared = futex_wait, futex_wake_all  # one flavour here
         return {name: fn for name, fn in locals().items() if callable(fn)}
 
 

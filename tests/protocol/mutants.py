@@ -48,6 +48,19 @@ RESUME_TESTS = (
     "tests/executors/test_resume.py::test_a_threaded_resume_starts_from_every_array_the_snapshot"
     "_holds")
 
+# iasgd.torch across processes: a wake must reach a sleeper in another
+# process, and a y = 1 reader must see every earlier update written
+TORCH_WAKE_TESTS = (
+    "tests/pytorch/test_torch_stress.py::test_a_wake_reaches_a_sleeper_in_another_process",)
+TORCH_STRESS_TESTS = (
+    "tests/pytorch/test_torch_stress.py::test_at_y1_every_read_sees_every_earlier_update"
+    "[wait-4]",)
+
+# a PyTorch step's write (the user's fn) and the gate call that closes it
+TORCH_END_WRITE = ("        S.end_write(g.state, row, g.hists[self.row], g.control, g.ring, "
+                   "g.code, value)\n")
+TORCH_WRITE = ("        if fn is not None:\n            self._write(fn, scale_lr)\n"
+               + TORCH_END_WRITE)
 
 # apply_step's write and the gate steps around it, which the visibility
 # mutants reorder
@@ -202,6 +215,29 @@ MUTANTS = [
            "the parameter server's check lets tau_node = y pass (off by one)",
            "iasgd/executors/cluster.py",
            "tau > int(s[G.Y]) - 1:", "tau > int(s[G.Y]):", NODE_MONITOR_TESTS),
+    # the gate across processes (iasgd.torch)
+    Mutant("shared-futex-is-private",
+           "the shared futex flavour emits the private operations: a wake reaches no "
+           "sleeper in another process (each then sleeps out its timeout)",
+           "iasgd/protocol/atomics.py",
+           "_futex_wait_shared = _futex_wait_intrinsic(_FUTEX_WAIT)\n"
+           "_futex_wake_all_shared = _futex_wake_all_intrinsic(_FUTEX_WAKE)\n",
+           "_futex_wait_shared = _futex_wait_intrinsic(_FUTEX_WAIT | _PRIVATE)\n"
+           "_futex_wake_all_shared = _futex_wake_all_intrinsic(_FUTEX_WAKE | _PRIVATE)\n",
+           TORCH_WAKE_TESTS),
+    Mutant("gate-wakes-privately",
+           "the gate wakes on a private futex even when its state is shared between "
+           "processes (SHARED ignored by _wake)",
+           "iasgd/protocol/gate.py",
+           "    if atomic_load(state, SHARED) != 0:\n        futex_wake_all_shared(state, word)\n",
+           "    if False:\n        futex_wake_all_shared(state, word)\n", TORCH_WAKE_TESTS),
+    Mutant("torch-write-after-close",
+           "a PyTorch step closes its interval (end_write) before the optimiser writes, so "
+           "a process reading in the next interval misses the write",
+           "iasgd/torch/gate.py",
+           TORCH_WRITE, TORCH_WRITE.replace(TORCH_END_WRITE, "").replace(
+               "        if fn", TORCH_END_WRITE + "        if fn"),
+           TORCH_STRESS_TESTS),
     # what a resume restores
     Mutant("resume-drops-momentum",
            "a threaded run's resume starts the momentum (velocity) again from zero instead "

@@ -1,0 +1,41 @@
+"""Interval-Asynchrony for any PyTorch model: the gate of iasgd.protocol,
+shared by the worker processes of PyTorch's own Hogwild! loop
+(`model.share_memory()`, `torch.multiprocessing`), so every update's
+staleness is at most y - 1 (docs/pytorch.md).
+
+    import iasgd.torch as it
+    gate = it.IntervalGate(y=16)
+
+    def worker(rank, model, gate):
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        for x, target in loader:
+            with gate.step() as step:        # ticket and slot taken; V read
+                loss = F.cross_entropy(model(x), target)
+                opt.zero_grad(); loss.backward()
+                step.apply(opt.step)         # commit, write, close; step.tau known
+
+    report = gate.run(worker, args=(model, gate), processes=4)
+
+Needs the optional extra `[torch]` (PyTorch; the CPU build is enough).
+"""
+
+from __future__ import annotations
+
+try:
+    import torch  # noqa: F401
+except ImportError as err:  # pragma: no cover - depends on the environment
+    raise ImportError("iasgd.torch needs PyTorch: pip install 'iasgd[torch]'") from err
+
+from iasgd.torch.gate import (
+    AsyncGate,
+    Gate,
+    GateReport,
+    HogwildGate,
+    IntervalGate,
+    Step,
+    Stopped,
+)
+from iasgd.torch.launch import WorkerError, run
+
+__all__ = ["AsyncGate", "Gate", "GateReport", "HogwildGate", "IntervalGate", "Step", "Stopped",
+           "WorkerError", "run"]

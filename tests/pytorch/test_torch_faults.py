@@ -1,0 +1,128 @@
+"""Faults of iasgd.torch's workers: one that raises or dies mid-step (its
+process killed while it holds a slot, or halfway through its write)
+neither deadlocks the others nor breaks the bound; Ctrl-C stops every
+worker with one line."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+it = pytest.importorskip("iasgd.torch")
+
+from iasgd.protocol import gate as G  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+PROCESSES = 4
+STEPS = 100  # of each worker but the faulty one
+FAULT_AT = 5  # the faulty worker's step
+UPDATES = (PROCESSES - 1) * STEPS + FAULT_AT - 1
+
+
+def faulty_worker(rank, params, gate, how, steps=STEPS):
+    """STEPS steps, each adding 1 to the first and the last parameter;
+    but rank 1 fails at its FAULT_AT-th step, `how`: "raise" inside the
+    step before applying, "kill" its process while it holds its slot,
+    "kill-mid-write" its process halfway through its write."""
+    seen = params.detach().numpy()
+    faulty = rank == 1
+
+    def write():
+        seen[0] += 1
+        if dying:
+            os.kill(os.getpid(), signal.SIGKILL)
+        seen[-1] += 1
+
+    for n in range(1, steps + 1):
+        with gate.step() as step:
+            dying = faulty and n == FAULT_AT and how == "kill-mid-write"
+            if faulty and n == FAULT_AT and how == "raise":
+                raise ValueError("a worker's own bug")
+            if faulty and n == FAULT_AT and how == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            step.apply(write)
+
+
+@pytest.mark.parametrize("how", ["raise", "kill", "kill-mid-write"])
+def test_a_failing_worker_leaves_the_others_running_within_the_bound(how):
+    params = torch.zeros(8).share_memory_()
+    y = 2
+    gate = it.IntervalGate(y, workers=PROCESSES)
+    t0 = time.monotonic()
+    report = gate.run(faulty_worker, args=(params, gate, how), processes=PROCESSES,
+                      start_method="fork", on_error="continue")
+    assert time.monotonic() - t0 < 120  # no deadlock
+    assert report.status == "completed"
+    assert report.applied == UPDATES and report.bound_violations == 0
+    assert report.staleness_max <= y - 1
+    assert [rank for rank, _ in report.failures] == [1]
+    why = report.failures[0][1]
+    assert ("a worker's own bug" in why) if how == "raise" else ("signal 9" in why)
+    if how == "kill-mid-write":  # counted in V, written halfway, its interval closed
+        assert report.left == 1
+        assert int(gate.state[G.VERSION]) == UPDATES + 1
+        assert params[0].item() == UPDATES + 1 and params[-1].item() == UPDATES
+    else:  # its slot was filled with an empty update, its ticket returned
+        assert report.left == 1
+        assert int(gate.state[G.VERSION]) == UPDATES + 1
+        assert params[0].item() == params[-1].item() == UPDATES
+
+
+def test_a_failing_worker_stops_the_others_by_default():
+    params = torch.zeros(8).share_memory_()
+    gate = it.IntervalGate(2, workers=PROCESSES)
+    with pytest.raises(it.WorkerError, match="a worker's own bug") as caught:
+        gate.run(faulty_worker, args=(params, gate, "raise", 10**9), processes=PROCESSES,
+                 start_method="fork")
+    report = caught.value.report
+    assert report.status == "failed" and report.bound_violations == 0
+
+
+CTRL_C_SCRIPT = """
+import sys, torch
+import iasgd.torch as it
+
+def worker(rank, params, gate):
+    seen = params.numpy()
+    while True:
+        with gate.step() as step:
+            step.apply(lambda: seen.__setitem__(0, seen[0] + 1))
+
+if __name__ == "__main__":
+    params = torch.zeros(4).share_memory_()
+    gate = it.IntervalGate(4, workers=4)
+    gate.warm()
+    print("ready", flush=True)
+    report = gate.run(worker, args=(params, gate), processes=4, start_method="fork")
+    print("status", report.status, report.applied, report.bound_violations, flush=True)
+"""
+
+
+def test_ctrl_c_stops_every_worker_with_one_line(tmp_path):
+    """A real SIGINT to the whole process group (what a terminal sends):
+    the workers ignore it, the parent stops the gate, each leaves at its
+    next step, and stderr holds one line."""
+    script = tmp_path / "ctrl_c.py"
+    script.write_text(textwrap.dedent(CTRL_C_SCRIPT))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stdout.readline().strip() == "ready"
+    time.sleep(2.0)  # the workers start and step
+    os.killpg(proc.pid, signal.SIGINT)
+    t0 = time.monotonic()
+    out, err = proc.communicate(timeout=60)
+    assert time.monotonic() - t0 < 30
+    assert proc.returncode == 0, err
+    status = out.split()
+    assert status[:2] == ["status", "interrupted"] and int(status[3]) == 0, out
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("interrupted: every worker stopped"), err
