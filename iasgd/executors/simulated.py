@@ -290,7 +290,7 @@ class _Sim(WorkerArrays):
         if self.locks and not self.take_lock(w):
             return False
         wk.gen, wk.switched = gen, False
-        wk.v_read = int(W.read_step(self.plan, self.shared, self.inputs, self.own[w], True))
+        wk.v_read = int(W.read_step(self.rule, self.shared, self.inputs, self.own[w], True))
         drawn = self.step_time(self.rng) * (1.0 + self.costs.contention * (self.busy() - 1))
         wk.compute_s = max(drawn - self.costs.apply_s, 0.0)
         self.set_phase(w, READ, self.costs.read_s if self.cfg.algo == "async" else 0.0)
@@ -317,7 +317,7 @@ class _Sim(WorkerArrays):
         wk, own = self.workers[w], self.own[w]
         W.gather_batch(self.inputs, own)
         loss = W.compute_step(self.shared, own, own.local)
-        if W.apply_step(wk.gen, wk.v_read, loss, self.plan, self.shared, own) < 0:
+        if W.apply_step(wk.gen, wk.v_read, loss, self.rule, self.shared, own) < 0:
             self.stop_run(Status.DIVERGED)
         elif self.waits_for_slot and self.state[G.GEN_TAKEN] & 0xFFFFFFFF == 0:
             self.runnable.extend(self.waiting)  # an interval opened: they try for a slot
@@ -537,7 +537,7 @@ class _Sim(WorkerArrays):
             if not all(math.isfinite(loss) for loss in losses):
                 self.stop_run(Status.DIVERGED)
                 break
-            W.apply_round(self.plan, self.shared, self.grads, active, 0, P,
+            W.apply_round(self.rule, self.shared, self.grads, active, 0, P,
                           self.own[0].grad)
             for w, loss in enumerate(losses):
                 W.record_update(self.own[w], self.shared, 0, loss)

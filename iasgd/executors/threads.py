@@ -161,10 +161,10 @@ class Team(WorkerArrays):
 
     def _call_loop(self, wid: int) -> None:
         if ALGORITHMS[self.cfg.algo].loop == "sync":
-            W.sync_worker(wid, self.cfg.threads, self.plan, self.shared, self.inputs,
+            W.sync_worker(wid, self.cfg.threads, self.rule, self.shared, self.inputs,
                           self.own[wid], self.grads, self.senses[wid])
         else:
-            W.async_worker(wid, self.plan, self.shared, self.inputs, self.own[wid])
+            W.async_worker(wid, self.rule, self.shared, self.inputs, self.own[wid])
 
     def steer(self, control: Controllers, now: float) -> None:
         """Let the schedules look at this team's run and steer it."""
