@@ -692,7 +692,7 @@ class Node:
         self._ticked = now
         if not K.all_finite(self.team.params):
             G.mark_diverged(self.team.state)
-        self.team.steer(self.control, now - self._t_start)
+        self.team.steer(now - self._t_start)
 
     def _figures(self, seconds: float) -> dict:
         team, st = self.team, self.stats
