@@ -84,9 +84,10 @@ class Costs:
     differ only in what a cut step reads.
 
     contention: a step that begins while k cores compute steps (itself
-        included; _Sim.busy) takes (1 + contention * (k - 1)) times its drawn time:
-        what the cores cost each other on the shared array (its cache
-        lines move between cores) and in memory bandwidth.
+        included; sim_events.Simulation.busy) takes (1 + contention *
+        (k - 1)) times its drawn time: what the cores cost each other on
+        the shared array (its cache lines move between cores) and in
+        memory bandwidth.
     switch_s: CPU time a time-sliced worker spends again when it gets a
         core back for a step that the end of its slice cut (its caches went
         cold while the others ran); once per step, so that a switch longer

@@ -46,7 +46,7 @@ class _Worker:
     spinning: bool = False  # on a core, waiting for the lock's running holder
 
 
-class _Sim(WorkerArrays):
+class Simulation(WorkerArrays):
     """The event loop, on the workers' arrays (iasgd.executors.arrays).
 
     A core runs a worker for a time slice of `quantum` seconds; a worker

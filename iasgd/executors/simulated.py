@@ -50,7 +50,7 @@ from iasgd.executors.sim_costs import (
     measure_step_times,
     measured_steps,
 )
-from iasgd.executors.sim_events import _Sim
+from iasgd.executors.sim_events import Simulation
 from iasgd.nn import kernels as K
 from iasgd.nn.models import Model
 from iasgd.protocol import gate as G
@@ -78,7 +78,7 @@ class SimulatedRun(ExecutorBase):
         self.quota = steps_per_epoch(data.x_train.shape[0], cfg.batch_size)
         self.result = RunResult(status=Status.COMPLETED)
         control = Controllers(cfg, self.quota, self.result, cores=cores)
-        self.sim = _Sim(model, data, cfg, step_time, cores, quantum, control,
+        self.sim = Simulation(model, data, cfg, step_time, cores, quantum, control,
                         first_params(model, cfg, init), costs or Costs(), self.monitor)
         self.result.params = self.sim.params
         self.epoch = 1

@@ -153,6 +153,13 @@ class Team(WorkerArrays):
         else:
             W.async_worker(wid, self.rule, self.shared, self.inputs, self.own[wid])
 
+    def check_diverged(self) -> bool:
+        """Mark the run diverged if the parameters are not finite (a loss can
+        stay finite on dead units); True if it has diverged."""
+        if not K.all_finite(self.params):
+            G.mark_diverged(self.state)
+        return bool(self.state[G.DIVERGED])
+
     def live(self, applied_before: int, seconds: float) -> Live:
         applied = self.total(W.APPLIED)
         y = int(self.state[G.Y]) if ALGORITHMS[self.cfg.algo].bound == "interval" else None
@@ -268,9 +275,7 @@ class ThreadedRun(ExecutorBase):
         return bool(why)
 
     def check_diverged(self) -> bool:
-        if not K.all_finite(self.team.params):
-            G.mark_diverged(self.team.state)
-        return bool(self.team.state[G.DIVERGED])
+        return self.team.check_diverged()
 
     def steer(self, seconds: float) -> None:
         self.team.steer(seconds)
