@@ -17,7 +17,8 @@ and how time passes:
     progress(seconds)      what the progress display shows now
     steer(seconds)         the schedules look at the run (parallel runs)
     check_diverged()       mark the run diverged if its parameters are not
-                           finite; True if it has diverged
+                           finite; True if it has diverged (then nothing
+                           is evaluated inside the epoch)
     exclude(seconds)       leave an evaluation's seconds out of training time
 
 and, besides, next_epoch, finish and snapshot (epochs.Executor).
@@ -33,7 +34,6 @@ import numpy as np
 from iasgd.config import TrainConfig
 from iasgd.data import Dataset
 from iasgd.executors.epochs import TrainingClock, run_epochs
-from iasgd.nn import kernels as K
 from iasgd.nn.blas import single_threaded_blas
 from iasgd.nn.models import Model
 from iasgd.results import (
@@ -156,12 +156,10 @@ class ExecutorBase:
         the test accuracy to result.evals, its time left out of training.
         False if the parameters diverged."""
         t = time.perf_counter()
-        params = self.params_now()
-        if not K.all_finite(params):
-            self.check_diverged()
+        if self.check_diverged():
             return False
-        record_eval(self.result, self.model, self.data, params, seconds=self.train_seconds(),
-                    applied=self.applied_so_far())
+        record_eval(self.result, self.model, self.data, self.params_now(),
+                    seconds=self.train_seconds(), applied=self.applied_so_far())
         self.exclude(time.perf_counter() - t)
         return True
 
@@ -197,7 +195,9 @@ class ExecutorBase:
         """No schedules to steer."""
 
     def check_diverged(self) -> bool:
-        return False
+        """Mark the run diverged if its parameters are not finite (a loss
+        can stay finite on dead units); True if it has diverged."""
+        raise NotImplementedError
 
     def progress(self, seconds: float) -> tuple[int, Live]:
         raise NotImplementedError

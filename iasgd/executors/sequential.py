@@ -140,6 +140,10 @@ class SequentialRun(ExecutorBase):
         return (min(self.step * self.cfg.batch_size, self.images.shape[0]),
                 Live(updates_per_s=self._rate))
 
+    def check_diverged(self) -> bool:
+        """The parameters are checked after every compiled call (_run_until)."""
+        return self._reason == Status.DIVERGED
+
     def params_now(self) -> np.ndarray:
         return self.result.params
 
