@@ -47,9 +47,17 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from iasgd.nn import kernels as K  # noqa: E402
+from baseline import baseline_tree  # noqa: E402
+
 from iasgd.nn import models  # noqa: E402
 from iasgd.nn.blas import single_threaded_blas  # noqa: E402
+
+try:  # a --baseline child may run a tree from before iasgd.nn.network and plan
+    from iasgd.nn import network as K
+    from iasgd.nn.plan import Images, Steps, Weights
+except ImportError:
+    from iasgd.nn import kernels as K
+    Images, Steps, Weights = K.Images, K.Steps, K.Weights
 
 LR, MOMENTUM = 0.005, 0.5
 DATASET = "cifar10"
@@ -189,9 +197,9 @@ def iasgd_runner(model: models.Model, batch: int, images: np.ndarray,
 
     def run(count: int) -> None:
         for first in range(0, count, limit):  # wrap around the data
-            K.train_steps(K.Weights(params, velocity), ws.buffers,
-                          K.Images(flat, labels, *model.image_transform),
-                          K.Steps(order, 0, min(limit, count - first), batch, LR, MOMENTUM),
+            K.train_steps(Weights(params, velocity), ws.buffers,
+                          Images(flat, labels, *model.image_transform),
+                          Steps(order, 0, min(limit, count - first), batch, LR, MOMENTUM),
                           losses)
 
     return run
@@ -247,25 +255,6 @@ def bench_images(n: int) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, (n, 3, 32, 32), dtype=np.uint8)
     return images, rng.integers(0, 10, n).astype(np.int64)
-
-
-def baseline_tree(ref: str) -> Path:
-    """REF's files (git archive), extracted once into the temp directory and
-    kept, with its numba cache, for later runs."""
-    sha = subprocess.run(["git", "rev-parse", "--verify", f"{ref}^{{commit}}"], cwd=REPO,
-                         capture_output=True, text=True)
-    if sha.returncode != 0:
-        print(f"--baseline {ref}: not a commit of {REPO}; give a commit, a branch or a tag",
-              file=sys.stderr)
-        sys.exit(2)
-    tree = Path(tempfile.gettempdir()) / f"iasgd-baseline-{sha.stdout.strip()[:12]}"
-    if not tree.is_dir():  # extracted beside it, then renamed: never half a tree
-        part = Path(tempfile.mkdtemp(prefix=tree.name + "-", dir=tree.parent))
-        archive = subprocess.run(["git", "archive", sha.stdout.strip()], cwd=REPO,
-                                 capture_output=True, check=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(part)], input=archive, check=True)
-        part.rename(tree)
-    return tree
 
 
 class ChildSteps:

@@ -26,6 +26,7 @@ class Algorithm:
     simulated: bool  # iasgd.executors.simulated covers it
     help: str
     snapshot: bool = False  # reads a private copy of the parameters (needs (P,) per worker)
+    locked: bool = False  # holds the gate's lock through its read and through its write
 
     @property
     def parallel(self) -> bool:
@@ -45,7 +46,7 @@ ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
               "averaged and applied as one update"),
     Algorithm("async", "async", W.ASYNC, "none", True,
               "a consistent snapshot of the parameters under a lock, compute, apply under "
-              "the lock", snapshot=True),
+              "the lock", snapshot=True, locked=True),
     Algorithm("hogwild", "async", W.HOGWILD, "none", True,
               "read and write the shared parameters with no lock"),
     Algorithm("interval", "async", W.INTERVAL, "interval", True,

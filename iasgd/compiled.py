@@ -5,14 +5,14 @@ Every module with compiled code decorates its functions with `jit` (or
 
 Cache. numba invalidates a cached function only when its own source file
 changes, not when a function it inlines from another module does (a worker
-loop in protocol/workers.py inlines the kernels of nn/kernels.py and the
+loop in protocol/workers.py inlines the passes of nn/network.py and the
 atomics of protocol/atomics.py): a stale cache would silently run old code. So iasgd's functions
 are cached in a directory named for a digest of the modules that hold
 compiled code, in every subfolder -- those that import numba or this module at
 module level (found by reading them, so a new compiled module is covered
 without a list to keep) --
 and of IASGD_PORTABLE_WAIT, which changes the code atomics.py emits. Editing
-run.py or data/loader.py therefore keeps the cache; editing nn/kernels.py empties it.
+run.py or data/loader.py therefore keeps the cache; editing nn/network.py empties it.
 
 The directory applies to iasgd's functions only: `jit` sets
 numba.config.CACHE_DIR just while it enables caching on one dispatcher

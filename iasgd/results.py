@@ -1,6 +1,7 @@
 """What a run produces: the epoch records and the run's result, the callbacks
-a run makes, its snapshots, and the one epoch recorder and run summary that
-every executor (threads, simulator) uses."""
+a run makes, its snapshots, the evaluation, and the run summary of the
+parallel executors (threads, simulator). The epoch recorder every executor
+uses is iasgd.executors.base.ExecutorBase.record_epoch."""
 
 from __future__ import annotations
 
@@ -154,25 +155,6 @@ def record_eval(result: RunResult, model, data, params: np.ndarray, *, seconds: 
         accuracy = test_accuracy(model, params, data, result)
     result.evals.append([seconds, applied, accuracy])
     return accuracy
-
-
-def record_epoch(result: RunResult, model, data, params: np.ndarray, *, epoch: int,
-                 applied: int, quota: int, batch_size: int, seconds: float,
-                 loss_sum: float, hist: np.ndarray, end_s: float) -> EpochRecord:
-    """Evaluate and append the record of an epoch of `applied` updates (of
-    `quota`) that took `seconds` and ended at `end_s` of training time.
-    loss_sum: the sum of their losses; hist: (HIST_BINS,) their staleness."""
-    record = EpochRecord(
-        epoch=epoch,
-        train_loss=float(loss_sum / applied) if applied else float("nan"),
-        test_accuracy=test_accuracy(model, params, data, result),
-        wall_s=end_s,
-        samples_per_s=applied * batch_size / max(seconds, 1e-9),
-        complete=applied == quota,
-        staleness_hist=trimmed(hist),
-    )
-    result.epochs.append(record)
-    return record
 
 
 def summarize(result: RunResult, algo: str, counters: np.ndarray, state: np.ndarray,

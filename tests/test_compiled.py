@@ -37,7 +37,7 @@ def test_compiled_sources_are_the_modules_with_compiled_code() -> None:
     names = {path.relative_to(PACKAGE).as_posix() for path in compiled.compiled_sources()}
     assert {"protocol/atomics.py", "compiled.py", "protocol/gate.py", "nn/network.py",
             "nn/plan.py", "nn/layers/conv.py", "nn/conv/direct.py", "protocol/workers.py",
-            "executors/exchange.py"} <= names
+            "executors/deltas.py"} <= names
     assert not names & {"run.py", "data/loader.py", "nn/models.py", "engine.py", "__init__.py",
                         "executors/threads.py", "executors/simulated.py", "nn/kinds.py"}
 
@@ -118,10 +118,10 @@ def test_user_numba_cache_dir_is_respected(tmp_path: Path) -> None:
     probe.write_text(
         "import json, numba\n"
         "from iasgd import compiled\n"
-        "from iasgd.nn import kernels\n"
+        "from iasgd.nn import network\n"
         "from iasgd.protocol import workers\n"
         "theirs = numba.njit(cache=True)(lambda x: x)\n"
-        "print(json.dumps([str(compiled.CACHE_DIR), kernels.train_steps._cache._cache_path,\n"
+        "print(json.dumps([str(compiled.CACHE_DIR), network.train_steps._cache._cache_path,\n"
         "                  workers.next_random._cache._cache_path, theirs._cache._cache_path]))\n")
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "user")}
     out = subprocess.run([sys.executable, str(probe)], env=env, check=True,

@@ -357,7 +357,7 @@ def test_the_cache_index_name_is_numbas(tmp_path):
     """cache_index_name says what numba itself writes: the index of a compiled
     function that numba cached is where the name says."""
     from iasgd import compiled
-    from iasgd.nn import kernels as K
+    from iasgd.nn import network as K
 
     if getattr(K.all_finite, "_cache", None) is None:  # pragma: no cover (NUMBA_DISABLE_JIT)
         pytest.skip("no cache without the jit")

@@ -14,9 +14,11 @@ import numpy as np
 from iasgd.algorithms import ALGORITHMS, POLICIES
 from iasgd.config import TrainConfig
 from iasgd.data import Dataset
+from iasgd.executors.base import EpochEnd, mean_loss
 from iasgd.nn.models import Model
+from iasgd.protocol import gate as G
 from iasgd.protocol import workers as W
-from iasgd.results import HIST_BINS
+from iasgd.results import HIST_BINS, RunResult, summarize, trimmed
 from iasgd.schedules import Controllers, lr_factors
 
 
@@ -42,6 +44,7 @@ class WorkerArrays:
         self.ring = control.monitor.ring  # the losses the loss monitor reads
         self.probe = np.zeros(8, np.int64)  # steps running now, their maximum, losses written
         self.lr_factors = lr_factors(cfg.lr_schedule, HIST_BINS, n)  # by tau; tail: ones at first
+        self.cfg, self.control = cfg, control
         self.local = np.zeros((n, P if algo.snapshot or one_workspace else 1), np.float32)
         self.grads = np.zeros((n, P if algo.loop == "sync" else 1), np.float32)
         self.senses = np.zeros((n, 1), np.int64)  # sync's barrier sense of each worker
@@ -52,7 +55,7 @@ class WorkerArrays:
         self.hist = np.zeros((n, HIST_BINS), np.int64)
         self.losses = np.zeros((n, 1), np.float64)
         self.run_hist = np.zeros(HIST_BINS, np.int64)
-        self.plan = W.Plan(max(algo.code, 0), POLICIES[cfg.gate].code, cfg.lr, cfg.momentum)
+        self.rule = W.StepRule(max(algo.code, 0), POLICIES[cfg.gate].code, cfg.lr, cfg.momentum)
         self.shared = W.Shared(self.state, self.probe, self.params, self.velocity,
                                self.lr_factors, self.ring)
         images = data.x_train.reshape(data.x_train.shape[0], -1)
@@ -85,3 +88,23 @@ class WorkerArrays:
         self.hist[:] = 0
         self.losses[:] = 0
         return epoch_hist, loss_sum
+
+    def steer(self, now: float) -> None:
+        """Let the schedules look at the run (now: its training seconds) and steer."""
+        self.control.step(now, self.total(W.APPLIED), int(self.probe[W.LOSS_POS]), self.state,
+                          self.lr_factors, self.staleness_so_far)
+
+    def close_epoch(self, epoch: int, applied: int, seconds: float, end_s: float) -> EpochEnd:
+        """The figures of an epoch of `applied` updates that trained `seconds`
+        and ended at `end_s` (iasgd.executors.base); its statistics folded
+        into the run's (end_epoch_stats)."""
+        if epoch == 1:
+            self.control.end_of_first_epoch(int(self.probe[W.LOSS_POS]))
+        hist, loss_sum = self.end_epoch_stats()
+        return EpochEnd(self.params, seconds, end_s, mean_loss(loss_sum, applied),
+                        applied * self.cfg.batch_size, trimmed(hist), int(self.state[G.DONE]))
+
+    def summarize(self, result: RunResult) -> None:
+        """The run-wide figures of the result, from the counters and the gate."""
+        self.control.logs()
+        summarize(result, self.cfg.algo, self.counters, self.state, self.run_hist, self.probe)

@@ -38,15 +38,8 @@ so tau_node <= y - 1; the drop policy drops a push whose interval closed or
 filled. Carried updates were computed on the previous base (one exchange
 older); that is the price of overlapping communication with computing.
 
-A lost server. Every reply tells the node how many updates its parameters
-hold (`done`, and per node `contained`). When the server is lost, each node
-stops at its next exchange and says where it stands (a Standing: the version
-of its last pull, its tickets not yet pushed, its push in flight); the
-driver starts a new server from the freshest parameters (`freshest`) and
-`take_over` continues the run there. A node treats its push in flight as
-applied (it may be: then the freshest parameters hold it), so nothing is
-applied twice and at most that one push per node is lost (`lost_updates`);
-its tickets come back to the epoch.
+A lost server: iasgd.executors.exchange (what a node and the server say to
+each other, and where a node stands when the server is lost).
 """
 
 from __future__ import annotations
@@ -55,8 +48,6 @@ import dataclasses
 import socket
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -64,9 +55,11 @@ from iasgd import results
 from iasgd.algorithms import ALGORITHMS, POLICIES, staleness_bound
 from iasgd.config import TrainConfig, steps_per_epoch
 from iasgd.data import Dataset
-from iasgd.executors import exchange as K  # its vector ops, and all_finite
+from iasgd.executors import deltas
+from iasgd.executors.exchange import Link, Push, Rejoin, Reply, ServerLostError, Standing
 from iasgd.nn.blas import single_threaded_blas
 from iasgd.nn.models import Model
+from iasgd.nn.network import all_finite
 from iasgd.protocol import gate as G
 from iasgd.protocol import workers as W
 from iasgd.results import HIST_BINS, RunResult, Status
@@ -83,69 +76,6 @@ def node_interval(cfg: TrainConfig) -> int:
 def node_seed(seed: int, node: int) -> int:
     """The seed of node `node`'s threads' random streams."""
     return int(np.random.SeedSequence([seed, 3, node]).generate_state(1)[0] >> 1)
-
-
-@dataclass
-class Push:
-    """What a node sends: its update since its base and what the server
-    accounts. delta None: nothing to apply (the first pull)."""
-
-    node: int
-    delta: np.ndarray | None  # (P,) float32: params - base
-    count: int  # updates of the node's threads in delta
-    v_base: int  # server version of the base
-    gen: int  # cluster interval of the base (wait) or -1
-    computed: int = 0  # gradients the node computed since its last push
-    loss_sum: float = 0.0  # sum of their losses
-    hist: list[int] = field(default_factory=list)  # their staleness inside the node
-    carried: int = 0  # of count: applied while the last exchange was in flight
-    diverged: bool = False  # the node's threads met a non-finite loss or parameter
-
-
-@dataclass
-class Reply:
-    params: np.ndarray  # (P,) float32: the server's parameters after the push
-    version: int  # pushes applied at the server so far
-    gen: int  # the interval the node's next push belongs to (wait policy) or -1
-    granted: int  # tickets leased: updates the node may apply before its next push
-    stop: bool  # the run is over: the node stops its threads
-    applied: bool = True  # False: the drop policy dropped the push
-    waited_s: float = 0.0  # the server waited this long for tickets, a slot or a round
-    done: int = 0  # updates `params` hold (of this run, resumes included)
-    contained: list[int] = field(default_factory=list)  # [n]: of those, node n's since the start
-
-
-class ServerLostError(RuntimeError):
-    """A node's link found the parameter server gone."""
-
-
-@dataclass
-class Standing:
-    """Where a node stands when the server is lost (or, with node -1, the
-    driver's copy of the server): what a new server continues from."""
-
-    node: int
-    version: int  # server version of its last pull; -1: it never pulled
-    done: int  # updates the parameters of that pull hold
-    contained: list[int]  # [n]: of those, node n's (Reply.contained)
-    held: int = 0  # tickets leased to it and not yet pushed
-    in_flight: int = 0  # updates of its push whose reply never came
-
-
-def freshest(standings: list[Standing]) -> Standing:
-    """The standing with the most recent parameters (the highest version;
-    on a tie the first, so put the driver's copy, which needs no fetch,
-    first)."""
-    return max(standings, key=lambda s: s.version)
-
-
-def lost_updates(standings: list[Standing], base: Standing) -> int:
-    """Updates the nodes pushed into a lost server that `base`'s parameters
-    do not hold: of each node's push in flight, what `base` does not
-    contain beyond the node's own last pull (0 or all of it)."""
-    # a node that never pulled has no push in flight (its first exchange is a pull)
-    return sum(max(s.in_flight - (base.contained[s.node] - s.contained[s.node]), 0)
-               for s in standings if s.in_flight)
 
 
 class ParameterServer:
@@ -194,8 +124,8 @@ class ParameterServer:
         G.settle_many(scratch, 1)
         G.return_ticket(scratch)
         G.read_version(scratch)
-        K.add_scaled(empty, empty, 1.0)
-        K.all_finite(empty)
+        deltas.add_scaled(empty, empty, 1.0)
+        all_finite(empty)
 
     # ----------------------------------------------------------- the driver
 
@@ -402,7 +332,7 @@ class ParameterServer:
         """Apply one push with the cluster algorithm; False if dropped."""
         s = self.state
         self._account(push)
-        if push.diverged or not K.all_finite(push.delta):
+        if push.diverged or not all_finite(push.delta):
             G.mark_diverged(s)
             self.cond.notify_all()
             return False
@@ -419,7 +349,7 @@ class ParameterServer:
         self.pushes += 1
         self.carried += push.carried
         if self.algo.loop == "sync":
-            K.add_scaled(self.round_sum, push.delta, 1.0)
+            deltas.add_scaled(self.round_sum, push.delta, 1.0)
             self.round_nodes.add(push.node)
             self.round_counts[push.node] = self.round_counts.get(push.node, 0) + push.count
             self.node_hist[0] += 1
@@ -427,7 +357,7 @@ class ParameterServer:
             self._maybe_finish_round()
             return True
         tau = G.begin_apply(s) - push.v_base
-        K.add_scaled(self.params, push.delta, 1.0)
+        deltas.add_scaled(self.params, push.delta, 1.0)
         self.node_done[push.node] += push.count
         if self.interval:
             if G.crossed(s, gen) or tau > int(s[G.Y]) - 1:
@@ -449,7 +379,7 @@ class ParameterServer:
         round's pushes as one update."""
         if self.round_sum is None or not self.round_nodes or not self.live <= self.round_nodes:
             return
-        K.add_scaled(self.params, self.round_sum, 1.0 / len(self.round_nodes))
+        deltas.add_scaled(self.params, self.round_sum, 1.0 / len(self.round_nodes))
         self.round_sum[:] = 0
         self.round_nodes = set()
         for node, count in self.round_counts.items():
@@ -523,17 +453,6 @@ def server_summary(counters: dict, cfg: TrainConfig) -> dict:
 
 # ----------------------------------------------------------------- a node
 
-Link = Callable[[Push, int], Callable[[float], Reply | None]]
-"""How a node reaches the server: link(push, want) sends an exchange and
-returns `poll`; poll(timeout_s) gives the Reply, or None while it is not
-there yet, or raises ServerLostError."""
-
-Rejoin = Callable[[Standing], bool]
-"""How a node waits for a new server: rejoin(standing) tells the driver
-where the node stands and returns once the link reaches a new server
-(True) or the run is over (False)."""
-
-
 class Node:
     """One node: a team of threads training a copy of the parameters, and
     the loop that exchanges its updates with the server (module doc)."""
@@ -566,9 +485,9 @@ class Node:
         before any clock starts."""
         self.team.warm_up()
         empty = self.base[:0]
-        K.difference(empty, empty, empty)
-        K.rebase(empty, empty, empty, empty)
-        K.all_finite(empty)
+        deltas.difference(empty, empty, empty)
+        deltas.rebase(empty, empty, empty, empty)
+        all_finite(empty)
 
     def stop(self) -> None:
         """Stop the threads now (the loop then ends at its next look)."""
@@ -600,7 +519,7 @@ class Node:
                 diverged = bool(team.state[G.DIVERGED])
                 if G.stopped(team.state) and not diverged:
                     break  # stopped from outside: the run is over
-                K.difference(team.params, self.base, self.delta)
+                deltas.difference(team.params, self.base, self.delta)
                 hist, loss_sum = team.end_epoch_stats()
                 now_computed = team.total(W.COMPUTED)
                 push = Push(self.node, self.delta, done - self.pushed, self.v_base, self.gen,
@@ -608,7 +527,7 @@ class Node:
                             self.carried, diverged)  # diverged: the server stops the run
                 computed, self.pushed = now_computed, done
                 reply = self._exchange(link, push, cfg.sync_every)
-                K.rebase(team.params, self.base, self.delta, reply.params)
+                deltas.rebase(team.params, self.base, self.delta, reply.params)
                 self.stats["pushes"] += 1
                 self.stats["dropped_pushes"] += not reply.applied
         finally:
@@ -690,9 +609,8 @@ class Node:
         if self._t_start is None or now - self._ticked < MONITOR_SECONDS:
             return
         self._ticked = now
-        if not K.all_finite(self.team.params):
-            G.mark_diverged(self.team.state)
-        self.team.steer(self.control, now - self._t_start)
+        self.team.check_diverged()
+        self.team.steer(now - self._t_start)
 
     def _figures(self, seconds: float) -> dict:
         team, st = self.team, self.stats

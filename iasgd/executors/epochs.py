@@ -14,8 +14,9 @@ saved.
 
 Inside an epoch, `--eval-every N` cuts the updates into chunks that end at
 each multiple of N (applied since the start of the run): `train_in_chunks`
-runs them and evaluates at each boundary reached, for every executor that
-allows updates in allowances (threads, the simulator).
+runs them and evaluates at each boundary reached, for every executor.
+What an executor does inside this loop that every executor does alike is
+iasgd.executors.base.
 """
 
 from __future__ import annotations

@@ -6,180 +6,57 @@ cluster adds: a node that dies is left out and the others go on, and a
 parameter server that dies is started again, on the driver's machine, from
 the freshest parameters a node or the driver holds (docs/cluster.md#faults).
 
-Ray is an optional extra (pip install -e '.[ray]'); it is imported only here.
+Ray is an optional extra (pip install -e '.[ray]'); it is imported only here
+and in iasgd.executors.ray_connect, which reaches it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import logging
 import os
-import re
-import socket
 import sys
-import tempfile
 import threading
 import time
 
 import numpy as np
 
 from iasgd.algorithms import ALGORITHMS
-from iasgd.config import TrainConfig, eval_points, steps_per_epoch
+from iasgd.config import TrainConfig, steps_per_epoch
 from iasgd.data import Dataset
-from iasgd.executors.cluster import (
-    Node,
-    ParameterServer,
-    Push,
-    ServerLostError,
-    Standing,
-    freshest,
-    lost_updates,
-    server_summary,
+from iasgd.executors.base import (
+    EpochEnd,
+    ExecutorBase,
+    first_params,
+    mean_loss,
+    one_thread_blas_for_good,
 )
-from iasgd.executors.epochs import TrainingClock, run_epochs
+from iasgd.executors.cluster import Node, ParameterServer, server_summary
+from iasgd.executors.epochs import TrainingClock, train_in_chunks
+from iasgd.executors.exchange import Push, ServerLostError, Standing, freshest, lost_updates
+from iasgd.executors.ray_connect import (
+    LOCAL_RAY_CONFIG,
+    ClusterError,
+    UnreachableClusterError,
+    check_reachable,
+    connect,
+)
 from iasgd.nn.models import Model
 from iasgd.protocol import gate as G
-from iasgd.results import (
-    HIST_BINS,
-    Hooks,
-    Live,
-    RunResult,
-    Snapshot,
-    Status,
-    record_epoch,
-    record_eval,
-    restore_result,
-    result_meta,
-)
+from iasgd.results import HIST_BINS, Hooks, Live, RunResult, Snapshot, Status, result_meta, trimmed
 
-# Ray starts its workers at nice 15, so that its own processes stay responsive.
-# Here the workers are the nodes that train: at nice 15 any other busy process
-# on the machine starves them (measured beside two CPU burners: a two-node test
-# run took about 150 s instead of 5-12 s). A local Ray starts them at nice 0; a
-# cluster joined keeps its own setting (RAY_worker_niceness, docs/cluster.md).
-LOCAL_RAY_CONFIG = {"worker_niceness": 0}
+# reaching Ray (iasgd.executors.ray_connect), as the command line and the tests name it here
+__all__ = ["LOCAL_RAY_CONFIG", "ClusterError", "NodeActor", "RayRun", "UnreachableClusterError",
+           "check_reachable"]
+
 POLL_S = 0.05  # how often the driver looks at the run
-CONNECT_S = 5.0  # how long --address may take to answer
 NODE_RESULTS_S = 60.0  # how long the driver waits for the nodes' figures after a stop
 STANDING_S = 60.0  # how long the driver waits for a node to stop at a lost server
-
-
-class ClusterError(RuntimeError):
-    """The cluster cannot go on (one line: what and what to do). `result`:
-    the results so far, where the run got that far."""
-
-    exit_code = 1  # the command line's exit code: a failure
-
-    def __init__(self, message: str, result: RunResult | None = None):
-        super().__init__(message)
-        self.result = result
 
 
 class ServerGoneError(Exception):
     """The parameter server was lost and could not be started again (the
     driver saves its last copy of it)."""
-
-
-class UnreachableClusterError(ClusterError):
-    """Ray is missing, or the cluster cannot be started or reached."""
-
-    exit_code = 2  # bad input: nothing was computed
-
-
-def import_ray():
-    try:
-        import ray
-    except ImportError:
-        raise UnreachableClusterError("--backend ray needs Ray: pip install -e '.[ray]'") from None
-    return ray
-
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-
-
-class _OneLine(logging.Handler):
-    """Prints a log record on stderr (whatever sys.stderr is then) as one
-    plain line: its first line, colour codes removed."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        text = _ANSI.sub("", record.getMessage()).strip()
-        line = text.splitlines()[0] if text else record.levelname
-        print(f"iasgd: ray: {line}", file=sys.stderr, flush=True)
-
-
-def quiet_ray_logging() -> None:
-    """Keep Ray's own log messages out of iasgd's output: its warnings (the
-    token notice, multi-line advice with colour codes) are dropped, its
-    errors shown as one plain line. Ray's logs on disk are untouched."""
-    logger = logging.getLogger("ray")
-    if any(isinstance(h, _OneLine) for h in logger.handlers):
-        return
-    logger.addHandler(_OneLine(logging.ERROR))
-    logger.propagate = False  # nor Python's last-resort handler, which prints warnings
-
-
-@contextlib.contextmanager
-def _ray_notices_aside():
-    """What Ray's native code prints on stderr while it starts (its token
-    notice) goes to a file instead, and only a line that reports an error
-    reaches iasgd's output, as one plain line."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile(mode="w+") as aside:
-        os.dup2(aside.fileno(), 2)
-        try:
-            yield
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            aside.seek(0)
-            errors = [line for line in aside.read().splitlines() if "error" in line.lower()]
-            if errors:
-                print(f"iasgd: ray: {_ANSI.sub('', errors[0]).strip()}", file=sys.stderr)
-
-
-def connect(address: str | None, cfg: TrainConfig):
-    """Ray, connected: to the cluster at `address` ("auto": the one this
-    machine belongs to), or to a new local one with room for every node's
-    threads and no dashboard. Ray (>= 2.59) authenticates a local cluster
-    with a token of its own; a cluster joined uses the token its nodes were
-    started with (docs/cluster.md)."""
-    ray = import_ray()
-    if ray.is_initialized():
-        return ray
-    quiet_ray_logging()
-    if address not in (None, "auto"):
-        check_reachable(address)
-    try:
-        with _ray_notices_aside():
-            if address is None:
-                ray.init(address="local",  # a new one, even where another is running
-                         num_cpus=max(os.cpu_count() or 1, cfg.nodes * cfg.threads),
-                         include_dashboard=False, configure_logging=False,
-                         log_to_driver=False, _system_config=LOCAL_RAY_CONFIG)
-            else:
-                ray.init(address=address, configure_logging=False, log_to_driver=False)
-    except (ConnectionError, RuntimeError, ValueError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        where = "a local Ray" if address is None else f"the Ray cluster at {address}"
-        raise UnreachableClusterError(f"cannot start or reach {where} ({first}); check that "
-                           "`ray status` works there") from None
-    return ray
-
-
-def check_reachable(address: str) -> None:
-    """UnreachableClusterError at once if nothing answers at HOST[:PORT]
-    (Ray itself would retry for minutes)."""
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    if not host or not port.isdigit():
-        host, port = address.removeprefix("ray://"), "6379"
-    try:
-        socket.create_connection((host, int(port)), timeout=CONNECT_S).close()
-    except OSError as e:
-        raise UnreachableClusterError(
-            f"cannot reach the Ray cluster at {address} ({e.strerror or e}); start it with "
-            "`ray start --head` there, or check --address") from None
 
 
 class NodeActor:
@@ -192,6 +69,7 @@ class NodeActor:
         # specialised (and compiled) again for them, so take a private copy
         data = dataclasses.replace(data, x_train=np.array(data.x_train),
                                    y_train=np.array(data.y_train))
+        one_thread_blas_for_good()  # this process trains this node alone, from its warm-up
         self.inner = Node(node, model, data, cfg)
         self.server = server
         self.cond = threading.Condition()
@@ -267,7 +145,7 @@ class NodeActor:
         return os.getpid()
 
 
-class RayRun:
+class RayRun(ExecutorBase):
     """A parallel algorithm on cfg.nodes Ray node actors of cfg.threads
     threads each, and a parameter server actor (iasgd.executors.cluster) on
     the driver's machine. A snapshot holds the server's parameters and
@@ -294,7 +172,7 @@ class RayRun:
         self.restarts: list[dict] = []  # one per server started again
         self.gone: str | None = None  # why the server was lost for good
         # the nodes start from the server's parameters at their first pull
-        self.server = self._new_server(model.init(cfg.seed) if init is None else init.copy())
+        self.server = self._new_server(first_params(model, cfg, init))
         try:
             if resume is not None:
                 self._restore(resume)
@@ -331,9 +209,7 @@ class RayRun:
             {k: arrays[k] for k in ("params", "server_state", "node_hist")}, meta["server"]))
         self.epoch, self.epoch_time = meta["epoch"], meta["epoch_time"]
         self.run_hist[:] = arrays["run_hist"]
-        restored = restore_result(meta["result"], arrays["params"], self.run_hist)
-        vars(self.result).update(vars(restored))
-        self.result.status = Status.COMPLETED
+        self.restore_totals(meta["result"], arrays["params"], self.run_hist)
 
     def _keep_copy(self, arrays: dict[str, np.ndarray], meta: dict, epoch: int,
                    epoch_time: float) -> np.ndarray:
@@ -362,11 +238,8 @@ class RayRun:
     # ------------------------------------------------------------------ run
 
     def run(self, hooks: Hooks, checkpoint_every: int = 0) -> RunResult:
-        try:
-            with contextlib.suppress(ServerGoneError):  # self.gone says why; saved below
-                run_epochs(self, hooks, checkpoint_every)
-        finally:
-            self._shutdown()
+        with contextlib.suppress(ServerGoneError):  # self.gone says why; saved below
+            super().run(hooks, checkpoint_every)  # the nodes are shut down (end_run)
         r = self.result
         if self.gone is not None:
             r.status = "server_lost"
@@ -381,64 +254,63 @@ class RayRun:
                                "saved (--resume it on a working cluster)", r)
         return r
 
-    def epoch_samples(self) -> int:
-        return self.quota * self.cfg.batch_size
+    def end_run(self) -> None:
+        self._shutdown()
 
     def train_epoch(self, hooks: Hooks) -> int:
-        cfg, r = self.cfg, self.result
-        start = (self.epoch - 1) * self.quota
-        end = self.epoch * self.quota
-        clock = TrainingClock(self.epoch_time)
-        reason = None
-        done = start
-        for limit in eval_points(start, end, cfg.eval_every):
-            self.limit = limit  # a new server allows as much
-            self._call("allow", limit)
-            done, reason = self._wait_for(limit, start, clock, hooks)
-            if reason or done < limit:
-                break
-            if limit < end:  # an eval_every boundary, outside the training clock
-                t = time.perf_counter()
-                record_eval(r, self.model, self.data, self._copy_server(self.epoch,
-                                                                        clock.elapsed()),
-                            seconds=r.train_time_s + clock.elapsed(), applied=done)
-                clock.exclude(time.perf_counter() - t)
-        self.epoch_time = clock.elapsed()
-        if reason is not None:
+        r, start = self.result, (self.epoch - 1) * self.quota
+        self.clock = TrainingClock(self.epoch_time)
+        self._hooks, self._reason, self._done = hooks, None, start
+        train_in_chunks(self.applied_so_far, self.epoch * self.quota, self.cfg.eval_every,
+                        run_until=self._run_until, stopped=lambda: self._reason is not None,
+                        out_of_time=lambda: self._reason == Status.TIME_BUDGET,
+                        evaluate=self.evaluate_inside_epoch)
+        self.epoch_time = self.clock.elapsed()
+        if self._reason is not None:
             self._call("stop")
-            r.status = reason
+            r.status = self._reason
         if r.status == Status.DIVERGED:
-            r.diverged_at = {"epoch": self.epoch, "step": done - start + 1}
-        return done - start
+            r.diverged_at = {"epoch": self.epoch, "step": self._done - start + 1}
+        return self._done - start
 
-    def _wait_for(self, limit: int, start: int, clock: TrainingClock, hooks: Hooks
-                  ) -> tuple[int, str | None]:
-        """Watch the run until `limit` updates are applied at the server or
-        it must stop. Returns the updates applied and why it stops (a
-        Status, "nodes_lost", or None)."""
-        cfg, r = self.cfg, self.result
-        last_done, last_t = start, time.perf_counter()
+    def _run_until(self, limit: int) -> None:
+        """Allow updates up to `limit` and watch the run until they are
+        applied at the server or it must stop: self._done, the updates
+        applied, and self._reason, why it stops (a Status, "nodes_lost", or
+        None)."""
+        self.limit = limit  # a new server allows as much
+        self._call("allow", limit)
+        self._last = (self._done, time.perf_counter())
         while True:
             progress = self._call("wait_progress", limit, POLL_S)
-            self.known = progress["counters"]
-            done = progress["done"]
+            self.known, self._y = progress["counters"], progress["y"]
+            self._done = progress["done"]
             if progress["diverged"]:
-                return done, Status.DIVERGED
-            if done >= limit:
-                return done, None
-            if not self._watch_nodes():
-                return done, "nodes_lost"
-            why = hooks.should_stop()
-            if why:
-                return done, why
-            now = time.perf_counter()
-            if cfg.over_budget(r.train_time_s + clock.elapsed()):
-                return done, Status.TIME_BUDGET
-            # (after a server restart `done` may have gone back by the updates lost)
-            rate = max(done - last_done, 0) / max(now - last_t, 1e-9)
-            hooks.on_progress((done - start) * cfg.batch_size,
-                              Live(updates_per_s=rate, y=progress["y"]))
-            last_done, last_t = done, now
+                self._reason = Status.DIVERGED
+            elif self._done < limit:
+                self._reason = self.tick(self._hooks) if self._watch_nodes() else "nodes_lost"
+            if self._reason or self._done >= limit:
+                return
+
+    def progress(self, seconds: float) -> tuple[int, Live]:
+        # (after a server restart `done` may have gone back by the updates lost)
+        (last_done, last_t), now = self._last, time.perf_counter()
+        rate = max(self._done - last_done, 0) / max(now - last_t, 1e-9)
+        self._last = (self._done, now)
+        return ((self._done - (self.epoch - 1) * self.quota) * self.cfg.batch_size,
+                Live(updates_per_s=rate, y=self._y))
+
+    def check_diverged(self) -> bool:
+        """The server stops a run whose node met a non-finite loss or
+        parameter (its own parameters stay finite)."""
+        return self._reason == Status.DIVERGED
+
+    def params_now(self) -> np.ndarray:
+        """The server's parameters, kept as the driver's copy."""
+        return self._copy_server(self.epoch, self.clock.elapsed())
+
+    def applied_so_far(self) -> int:
+        return self._done
 
     def _watch_nodes(self) -> bool:
         """Take note of nodes that ended; a node that died is left out (a
@@ -563,8 +435,8 @@ class RayRun:
 
     # ------------------------------------------------------------- results
 
-    def record_epoch(self, hooks: Hooks, applied: int) -> None:
-        r, cfg = self.result, self.cfg
+    def close_epoch(self, applied: int) -> EpochEnd:
+        r, b = self.result, self.cfg.batch_size
         # the server first: should it be lost for good here, the results
         # saved with the driver's copy must not count this epoch yet
         taken = self._call("take_epoch")
@@ -576,19 +448,10 @@ class RayRun:
         params = self._copy_server(*after)
         self.run_hist += taken["hist"]
         r.train_time_s += self.epoch_time
-        r.samples += applied * cfg.batch_size
-        record = record_epoch(r, self.model, self.data, params, epoch=self.epoch,
-                              applied=applied, quota=self.quota, batch_size=cfg.batch_size,
-                              seconds=self.epoch_time, loss_sum=taken["loss_sum"],
-                              hist=taken["hist"], end_s=r.train_time_s)
-        if cfg.eval_every:
-            record_eval(r, self.model, self.data, params, seconds=r.train_time_s,
-                        applied=(self.epoch - 1) * self.quota + applied,
-                        accuracy=record.test_accuracy)
-        hooks.on_epoch_end(record)
-
-    def next_epoch(self) -> None:
-        self.epoch, self.epoch_time = self.epoch + 1, 0.0
+        r.samples += applied * b
+        return EpochEnd(params, self.epoch_time, r.train_time_s,
+                        mean_loss(taken["loss_sum"], applied), applied * b,
+                        trimmed(taken["hist"]), (self.epoch - 1) * self.quota + applied)
 
     def finish(self) -> None:
         """Bring the run-wide figures up to date from the server (from the

@@ -12,27 +12,15 @@ from typing import ClassVar
 import numpy as np
 
 from iasgd.checkpoints import ArraySpec, check_fits
-from iasgd.config import TrainConfig, eval_points, steps_per_epoch
+from iasgd.config import TrainConfig, steps_per_epoch
 from iasgd.data import Dataset
 from iasgd.executors import precompile
-from iasgd.executors.epochs import run_epochs
-from iasgd.nn import kernels as K
-from iasgd.nn.blas import single_threaded_blas
+from iasgd.executors.base import EpochEnd, ExecutorBase, first_params
+from iasgd.executors.epochs import train_in_chunks
+from iasgd.nn import network as N
 from iasgd.nn.models import Model
-from iasgd.results import (
-    EpochRecord,
-    Hooks,
-    Live,
-    RunResult,
-    Snapshot,
-    Status,
-    load_evaluation,
-    mean_step_loss,
-    record_eval,
-    restore_result,
-    result_meta,
-    test_accuracy,
-)
+from iasgd.nn.plan import Images, Steps, Weights
+from iasgd.results import Hooks, Live, RunResult, Snapshot, Status, mean_step_loss, result_meta
 
 # A chunk of steps is one compiled call; between chunks Python updates the
 # progress display and checks the time budget.
@@ -44,8 +32,8 @@ def shuffle_streams(seed: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence([seed, 1]))
 
 
-class SequentialRun:
-    """One thread (see module doc); an Executor of iasgd.executors.epochs."""
+class SequentialRun(ExecutorBase):
+    """One thread (see module doc)."""
 
     # what a resume reads from a snapshot's metadata, with its JSON type
     RESUME_META: ClassVar[dict[str, type]] = {
@@ -56,14 +44,14 @@ class SequentialRun:
                  resume: Snapshot | None = None, init: np.ndarray | None = None):
         self.model, self.data, self.cfg = model, data, cfg
         self.images = data.x_train.reshape(data.x_train.shape[0], -1)
-        self.steps = steps_per_epoch(self.images.shape[0], cfg.batch_size)
+        self.quota = steps_per_epoch(self.images.shape[0], cfg.batch_size)
         self.ws = model.workspace(cfg.batch_size)
         self.rng = shuffle_streams(cfg.seed)
         self.chunk = 16  # steps per compiled call; grows to about CHUNK_SECONDS of work
         if resume is None:
-            params = model.init(cfg.seed) if init is None else init.copy()
+            params = first_params(model, cfg, init)
             self.velocity = np.zeros_like(params)
-            self.losses = np.zeros(self.steps, np.float64)
+            self.losses = np.zeros(self.quota, np.float64)
             self.order: np.ndarray | None = None  # this epoch's permutation, once drawn
             self.epoch, self.step, self.epoch_time = 1, 0, 0.0
             self.result = RunResult(status=Status.COMPLETED, params=params)
@@ -75,11 +63,11 @@ class SequentialRun:
             self.order = a["order"] if meta["in_epoch"] else None
             self.epoch, self.step, self.epoch_time = meta["epoch"], meta["step"], meta["epoch_time"]
             self.rng.bit_generator.state = meta["rng"]
-            self.result = restore_result(meta["result"], a["params"], a["staleness_hist"])
-            self.result.status = Status.COMPLETED
+            self.result = RunResult(status=Status.COMPLETED)
+            self.restore_totals(meta["result"], a["params"], a["staleness_hist"])
         r = self.result
-        self.weights = K.Weights(r.params, self.velocity)
-        self.inputs = K.Images(self.images, data.y_train, *model.image_transform)
+        self.weights = Weights(r.params, self.velocity)
+        self.inputs = Images(self.images, data.y_train, *model.image_transform)
 
     def resume_arrays(self, in_epoch: bool) -> dict[str, ArraySpec]:
         """The shape and dtype of each array a resume takes from a snapshot;
@@ -88,7 +76,7 @@ class SequentialRun:
         epoch's order of the training samples)."""
         params = ((self.model.num_params,), np.dtype(np.float32))
         return {"params": params, "velocity": params,
-                "losses": ((self.steps,), np.dtype(np.float64)),
+                "losses": ((self.quota,), np.dtype(np.float64)),
                 "staleness_hist": ((1,), np.dtype(np.int64)),  # tau is always 0
                 "order": ((self.images.shape[0] if in_epoch else 0,), np.dtype(np.int64))}
 
@@ -105,60 +93,71 @@ class SequentialRun:
     def load_steps(self) -> None:
         """Load (or compile) the steps: a call of zero steps."""
         n_train = self.images.shape[0]
-        K.train_steps(self.weights, self.ws.buffers, self.inputs,
-                      K.Steps(np.arange(n_train, dtype=np.int64), 0, 0, self.cfg.batch_size,
+        N.train_steps(self.weights, self.ws.buffers, self.inputs,
+                      Steps(np.arange(n_train, dtype=np.int64), 0, 0, self.cfg.batch_size,
                               self.cfg.lr, self.cfg.momentum), self.losses)
 
-    def load_evaluation(self) -> None:
-        """Load (or compile) what the evaluation calls."""
-        load_evaluation(self.model, self.data, self.result.params)
-
-    def run(self, hooks: Hooks, checkpoint_every: int = 0) -> RunResult:
+    def start_run(self) -> None:
         precompile.load_kernels(self)
-        with single_threaded_blas():  # the kernels' GEMMs: one core
-            return run_epochs(self, hooks, checkpoint_every)
-
-    def epoch_samples(self) -> int:
-        return self.images.shape[0]
 
     def train_epoch(self, hooks: Hooks) -> int:
-        cfg, r = self.cfg, self.result
-        n_train = self.images.shape[0]
+        r = self.result
         if self.order is None:
-            self.order = self.rng.permutation(n_train).astype(np.int64)
+            self.order = self.rng.permutation(self.images.shape[0]).astype(np.int64)
             self.step, self.epoch_time = 0, 0.0
-        while self.step < self.steps:
-            # a chunk ends at the next eval_every boundary (applied since the start)
-            count = min(self.chunk, eval_points(r.applied + self.step, r.applied + self.steps,
-                                                cfg.eval_every)[0] - r.applied - self.step)
+        self._hooks, self._reason = hooks, None
+        train_in_chunks(self.applied_so_far, r.applied + self.quota, self.cfg.eval_every,
+                        run_until=self._run_until, stopped=lambda: self._reason is not None,
+                        out_of_time=lambda: self._reason == Status.TIME_BUDGET,
+                        evaluate=self.evaluate_inside_epoch)
+        if self._reason is not None:
+            r.status = self._reason
+        return self.step
+
+    def _run_until(self, limit: int) -> None:
+        """Compiled calls of `chunk` steps each until `limit` updates (since
+        the start of the run) are applied, the parameters diverge or the
+        monitor's tick between two calls says stop (self._reason)."""
+        cfg, r = self.cfg, self.result
+        while self.applied_so_far() < limit:
+            count = min(self.chunk, limit - self.applied_so_far())
             t0 = time.perf_counter()
-            steps = K.Steps(self.order, self.step, count, cfg.batch_size, cfg.lr, cfg.momentum)
-            done = K.train_steps(self.weights, self.ws.buffers, self.inputs, steps, self.losses)
+            steps = Steps(self.order, self.step, count, cfg.batch_size, cfg.lr, cfg.momentum)
+            done = N.train_steps(self.weights, self.ws.buffers, self.inputs, steps, self.losses)
             dt = time.perf_counter() - t0
             self.epoch_time += dt
             self.step += done
-            if done < count or not K.all_finite(r.params):
-                r.status = Status.DIVERGED
+            if done < count or not N.all_finite(r.params):
+                self._reason = Status.DIVERGED
                 r.diverged_at = {"epoch": self.epoch, "step": self.step + 1}
-                break
+                return
             self.chunk = max(1, int(count * CHUNK_SECONDS / max(dt, 1e-9)))
-            hooks.on_progress(min(self.step * cfg.batch_size, n_train),
-                              Live(updates_per_s=count / max(dt, 1e-9)))
-            if cfg.over_budget(r.train_time_s + self.epoch_time):
-                r.status = Status.TIME_BUDGET
-                break
-            if (cfg.eval_every and self.step < self.steps
-                    and (r.applied + self.step) % cfg.eval_every == 0):
-                record_eval(r, self.model, self.data, r.params,  # before a stop: a resume
-                            seconds=r.train_time_s + self.epoch_time,  # goes on after it
-                            applied=r.applied + self.step)
-            reason = hooks.should_stop()
-            if reason:
-                r.status = reason
-                break
-        return self.step
+            self._rate = count / max(dt, 1e-9)
+            self._reason = self.tick(self._hooks)
+            if self._reason:
+                return
 
-    def record_epoch(self, hooks: Hooks, applied: int) -> None:
+    def progress(self, seconds: float) -> tuple[int, Live]:
+        return (min(self.step * self.cfg.batch_size, self.images.shape[0]),
+                Live(updates_per_s=self._rate))
+
+    def check_diverged(self) -> bool:
+        """The parameters are checked after every compiled call (_run_until)."""
+        return self._reason == Status.DIVERGED
+
+    def params_now(self) -> np.ndarray:
+        return self.result.params
+
+    def applied_so_far(self) -> int:
+        return self.result.applied + self.step
+
+    def train_seconds(self) -> float:
+        return self.result.train_time_s + self.epoch_time
+
+    def exclude(self, seconds: float) -> None:
+        """Nothing: epoch_time counts the compiled calls only."""
+
+    def close_epoch(self, applied: int) -> EpochEnd:
         cfg, r = self.cfg, self.result
         samples = min(applied * cfg.batch_size, self.images.shape[0])
         r.train_time_s += self.epoch_time
@@ -166,20 +165,9 @@ class SequentialRun:
         r.computed += applied
         r.applied += applied
         r.staleness_hist[0] += applied
-        record = EpochRecord(
-            epoch=self.epoch,
-            train_loss=mean_step_loss(self.losses[:applied], cfg.batch_size, samples),
-            test_accuracy=test_accuracy(self.model, r.params, self.data, r),
-            wall_s=r.train_time_s,
-            samples_per_s=samples / max(self.epoch_time, 1e-9),
-            complete=applied == self.steps,
-            staleness_hist=[applied],
-        )
-        r.epochs.append(record)
-        if cfg.eval_every:
-            record_eval(r, self.model, self.data, r.params, seconds=r.train_time_s,
-                        applied=r.applied, accuracy=record.test_accuracy)
-        hooks.on_epoch_end(record)
+        return EpochEnd(r.params, self.epoch_time, r.train_time_s,
+                        mean_step_loss(self.losses[:applied], cfg.batch_size, samples), samples,
+                        [applied], r.applied)
 
     def next_epoch(self) -> None:
         self.order, self.epoch = None, self.epoch + 1

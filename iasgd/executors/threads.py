@@ -28,25 +28,13 @@ from iasgd.config import TrainConfig, steps_per_epoch
 from iasgd.data import Dataset
 from iasgd.executors import precompile
 from iasgd.executors.arrays import WorkerArrays
-from iasgd.executors.epochs import TrainingClock, run_epochs, train_in_chunks
-from iasgd.nn import kernels as K
-from iasgd.nn.blas import single_threaded_blas
+from iasgd.executors.base import EpochEnd, ExecutorBase, first_params
+from iasgd.executors.epochs import TrainingClock, train_in_chunks
 from iasgd.nn.models import Model
+from iasgd.nn.network import all_finite
 from iasgd.protocol import gate as G
 from iasgd.protocol import workers as W
-from iasgd.results import (
-    Hooks,
-    Live,
-    RunResult,
-    Snapshot,
-    Status,
-    load_evaluation,
-    record_epoch,
-    record_eval,
-    restore_result,
-    result_meta,
-    summarize,
-)
+from iasgd.results import Hooks, Live, RunResult, Snapshot, Status, result_meta
 from iasgd.schedules import MONITOR_SECONDS, Controllers
 
 WORKER_NICE = 10  # added to an oversubscribed worker's nice value (Linux)
@@ -82,7 +70,6 @@ class Team(WorkerArrays):
     def __init__(self, model: Model, data: Dataset, cfg: TrainConfig, params: np.ndarray,
                  control: Controllers):
         super().__init__(model, data, cfg, params, control)
-        self.cfg = cfg
         self.python_s = np.zeros(cfg.threads)
         self.alive_s = np.zeros(cfg.threads)
         self.errors: list[tuple[int, BaseException]] = []
@@ -161,15 +148,17 @@ class Team(WorkerArrays):
 
     def _call_loop(self, wid: int) -> None:
         if ALGORITHMS[self.cfg.algo].loop == "sync":
-            W.sync_worker(wid, self.cfg.threads, self.plan, self.shared, self.inputs,
+            W.sync_worker(wid, self.cfg.threads, self.rule, self.shared, self.inputs,
                           self.own[wid], self.grads, self.senses[wid])
         else:
-            W.async_worker(wid, self.plan, self.shared, self.inputs, self.own[wid])
+            W.async_worker(wid, self.rule, self.shared, self.inputs, self.own[wid])
 
-    def steer(self, control: Controllers, now: float) -> None:
-        """Let the schedules look at this team's run and steer it."""
-        control.step(now, self.total(W.APPLIED), int(self.probe[W.LOSS_POS]), self.state,
-                     self.lr_factors, self.staleness_so_far)
+    def check_diverged(self) -> bool:
+        """Mark the run diverged if the parameters are not finite (a loss can
+        stay finite on dead units); True if it has diverged."""
+        if not all_finite(self.params):
+            G.mark_diverged(self.state)
+        return bool(self.state[G.DIVERGED])
 
     def live(self, applied_before: int, seconds: float) -> Live:
         applied = self.total(W.APPLIED)
@@ -179,7 +168,7 @@ class Team(WorkerArrays):
                     mean_tau=self.total(W.TAU_SUM) / max(applied, 1), m=m)
 
 
-class ThreadedRun:
+class ThreadedRun(ExecutorBase):
     """A parallel algorithm with cfg.threads worker threads. A snapshot taken
     between epochs or after a stop holds every shared array, counter and
     controller state; a resumed run continues from there (its thread
@@ -197,8 +186,7 @@ class ThreadedRun:
         self.quota = steps_per_epoch(data.x_train.shape[0], cfg.batch_size)
         self.result = RunResult(status=Status.COMPLETED)
         self.control = Controllers(cfg, self.quota, self.result, cores=usable_cores())
-        params = model.init(cfg.seed) if init is None else init.copy()
-        self.team = Team(model, data, cfg, params, self.control)
+        self.team = Team(model, data, cfg, first_params(model, cfg, init), self.control)
         self.epoch, self.epoch_time, self.segment = 1, 0.0, 0
         if resume is not None:
             self._restore(resume)
@@ -219,9 +207,7 @@ class ThreadedRun:
         team.senses[:] = team.state[G.BARRIER_SENSE]
         self.epoch, self.epoch_time = meta["epoch"], meta["epoch_time"]
         self.segment = meta["segment"] + 1
-        restored = restore_result(meta["result"], team.params, team.run_hist)
-        vars(self.result).update(vars(restored))
-        self.result.status = Status.COMPLETED
+        self.restore_totals(meta["result"], team.params, team.run_hist)
         self.control.restore(meta["control"])
 
     def snapshot(self) -> Snapshot:
@@ -234,45 +220,34 @@ class ThreadedRun:
         """Load (or compile) the worker loop."""
         self.team.warm_up()
 
-    def load_evaluation(self) -> None:
-        """Load (or compile) what the evaluation calls."""
-        load_evaluation(self.model, self.data, self.team.params)
+    def start_run(self) -> None:
+        precompile.load_kernels(self)
+        self.team.start(self.segment)
 
-    def run(self, hooks: Hooks, checkpoint_every: int = 0) -> RunResult:
-        with single_threaded_blas():  # the kernels' GEMMs: one core per worker thread
-            precompile.load_kernels(self)
-            self.team.start(self.segment)
-            try:
-                result = run_epochs(self, hooks, checkpoint_every)
-            finally:
-                self.team.join()
-        self.finish()
-        return result
-
-    def epoch_samples(self) -> int:
-        return self.quota * self.cfg.batch_size
+    def end_run(self) -> None:
+        self.team.join()
+        self.finish()  # the workers' own time (gil_fraction) is known once they left
 
     def train_epoch(self, hooks: Hooks) -> int:
         cfg, team, r = self.cfg, self.team, self.result
         self._start = (self.epoch - 1) * self.quota  # applied updates before this epoch
-        self._clock = TrainingClock(self.epoch_time)
+        self.clock = TrainingClock(self.epoch_time)
         self._hooks, self._reason = hooks, None
-        team.steer(self.control, r.train_time_s)
+        team.steer(r.train_time_s)
         if cfg.time_budget is not None:  # the workers stop themselves on time
-            spent = r.train_time_s + self._clock.elapsed()
+            spent = self.train_seconds()
             team.state[G.DEADLINE] = time.monotonic_ns() + int((cfg.time_budget - spent) * 1e9)
         train_in_chunks(
-            lambda: int(team.state[G.DONE]), self.epoch * self.quota, cfg.eval_every,
+            self.applied_so_far, self.epoch * self.quota, cfg.eval_every,
             run_until=self._run_chunk,
             stopped=lambda: bool(self._reason) or G.stopped(team.state),
             out_of_time=lambda: bool(team.state[G.EXPIRED])
             or self._reason == Status.TIME_BUDGET,
-            evaluate=self._evaluate_inside_epoch)
-        self.epoch_time = self._clock.elapsed()
+            evaluate=self.evaluate_inside_epoch)
+        self.epoch_time = self.clock.elapsed()
         if team.state[G.EXPIRED] and not self._reason:
             self._reason = Status.TIME_BUDGET
-        if not K.all_finite(team.params):
-            G.mark_diverged(team.state)
+        self.check_diverged()
         applied = team.total(W.APPLIED) - self._start
         if team.state[G.DIVERGED]:
             r.status = Status.DIVERGED
@@ -292,67 +267,45 @@ class ThreadedRun:
             team.join()
 
     def _tick(self) -> bool:
-        """What the main thread does every MONITOR_SECONDS while an epoch
-        runs; True: stop the workers (self._reason says why)."""
-        cfg, team, r = self.cfg, self.team, self.result
-        # a stop first: with many threads per core this thread may get a
-        # core only every few hundred ms
-        why = self._hooks.should_stop()
-        if why:
+        """The monitor's tick (ExecutorBase.tick); True: stop the workers
+        (self._reason says why)."""
+        why = self.tick(self._hooks)
+        if why and why != Status.DIVERGED:  # a divergence stops the workers itself
             self._reason = self._reason or why
-            return True
-        elapsed = self._clock.elapsed()
-        if not K.all_finite(team.params):  # a loss can stay finite on dead units
-            G.mark_diverged(team.state)
-        team.steer(self.control, r.train_time_s + elapsed)
-        self._hooks.on_progress((team.total(W.APPLIED) - self._start) * cfg.batch_size,
-                                team.live(self._start, elapsed))
-        if cfg.over_budget(r.train_time_s + elapsed):  # if no worker could see it
-            self._reason = self._reason or Status.TIME_BUDGET
-            return True
-        return False
+        return bool(why)
 
-    def _evaluate_inside_epoch(self) -> bool:
-        """At an eval_every boundary, with every allowed update written and
-        the workers asleep: append the test accuracy to result.evals and move
-        the training clock and the workers' deadline on by the time it took.
-        False if the parameters diverged."""
-        team, r = self.team, self.result
-        if not K.all_finite(team.params):
-            G.mark_diverged(team.state)
-            return False
-        t = time.perf_counter()
-        record_eval(r, self.model, self.data, team.params,
-                    seconds=r.train_time_s + self._clock.elapsed(),
-                    applied=int(team.state[G.DONE]))
-        spent = time.perf_counter() - t
-        self._clock.exclude(spent)
+    def check_diverged(self) -> bool:
+        return self.team.check_diverged()
+
+    def steer(self, seconds: float) -> None:
+        self.team.steer(seconds)
+
+    def progress(self, seconds: float) -> tuple[int, Live]:
+        team = self.team
+        return ((team.total(W.APPLIED) - self._start) * self.cfg.batch_size,
+                team.live(self._start, self.clock.elapsed()))
+
+    def params_now(self) -> np.ndarray:
+        return self.team.params
+
+    def applied_so_far(self) -> int:
+        return int(self.team.state[G.DONE])
+
+    def exclude(self, seconds: float) -> None:
+        """An evaluation's seconds: out of the training clock, and the
+        workers' deadline moved on by as much."""
+        self.clock.exclude(seconds)
         if self.cfg.time_budget is not None:
-            team.state[G.DEADLINE] += int(spent * 1e9)
-        return True
+            self.team.state[G.DEADLINE] += int(seconds * 1e9)
 
-    def record_epoch(self, hooks: Hooks, applied: int) -> None:
-        r, team = self.result, self.team
-        if self.epoch == 1:
-            self.control.end_of_first_epoch(int(team.probe[W.LOSS_POS]))
+    def close_epoch(self, applied: int) -> EpochEnd:
+        r = self.result
         r.train_time_s += self.epoch_time
         r.samples += applied * self.cfg.batch_size
-        hist, loss_sum = team.end_epoch_stats()
-        record = record_epoch(r, self.model, self.data, team.params, epoch=self.epoch,
-                              applied=applied, quota=self.quota,
-                              batch_size=self.cfg.batch_size, seconds=self.epoch_time,
-                              loss_sum=loss_sum, hist=hist, end_s=r.train_time_s)
-        if self.cfg.eval_every:
-            record_eval(r, self.model, self.data, team.params, seconds=r.train_time_s,
-                        applied=int(team.state[G.DONE]), accuracy=record.test_accuracy)
-        hooks.on_epoch_end(record)
-
-    def next_epoch(self) -> None:
-        self.epoch, self.epoch_time = self.epoch + 1, 0.0
+        return self.team.close_epoch(self.epoch, applied, self.epoch_time, r.train_time_s)
 
     def finish(self) -> None:
         """Bring the run-wide figures of the result up to date."""
-        team, r = self.team, self.result
-        self.control.logs()
-        summarize(r, self.cfg.algo, team.counters, team.state, team.run_hist, team.probe)
-        r.gil_fraction = float(team.python_s.sum() / max(team.alive_s.sum(), 1e-9))
+        team = self.team
+        team.summarize(self.result)
+        self.result.gil_fraction = float(team.python_s.sum() / max(team.alive_s.sum(), 1e-9))

@@ -14,7 +14,7 @@ which runs with the GIL released until the run is stopped, sleeping between
 epochs. Python does nothing per step. The simulator makes the same calls, one
 step at a time, and decides only when each happens.
 
-Arguments come in bundles (named tuples): `Plan` (the algorithm and its
+Arguments come in bundles (named tuples): `StepRule` (the algorithm and its
 knobs), `Shared` (the arrays every worker shares), `Inputs` (the training
 set) and `Own` (one worker's workspace, random stream and records).
 
@@ -29,7 +29,8 @@ from collections import namedtuple
 import numpy as np
 
 from iasgd.compiled import jit_fastmath, jit_inline
-from iasgd.nn import kernels as K
+from iasgd.nn import network as N
+from iasgd.nn.plan import Images, copy_values
 from iasgd.protocol import gate as G
 from iasgd.protocol.atomics import atomic_add, atomic_cas, atomic_load, monotonic_ns
 
@@ -51,12 +52,12 @@ COUNTER_COLUMNS = 16
 ACTIVE, ACTIVE_MAX, LOSS_POS = 0, 1, 2
 
 # algo: HOGWILD, ASYNC, INTERVAL (or any, for sync); policy: gate.WAIT or DROP
-Plan = namedtuple("Plan", ["algo", "policy", "lr", "momentum"])
+StepRule = namedtuple("StepRule", ["algo", "policy", "lr", "momentum"])
 # state: the gate; probe: (8,) int64; params, velocity: (P,) float32;
 # lr_factors: (bins,) float32 step-size factor by tau; ring: the loss ring
 Shared = namedtuple("Shared", ["state", "probe", "params", "velocity", "lr_factors", "ring"])
 # images (M, D) uint8 -> images * scale + shift; labels (M,) int64
-Inputs = K.Images
+Inputs = Images
 # local: (P,) a private copy of the parameters (async's snapshot; the
 # simulator's read); grad: (P,); acts, dacts, argmax, net (the kernels'
 # Net: plan and ops): the model's workspace; batch_labels, idx: (b,); rng: (1,) uint64 random
@@ -94,7 +95,7 @@ def gather_batch(inputs, own):
     """The batch own.idx names: its inputs into the start of own.acts, its
     labels into own.batch_labels."""
     n, D = own.idx.size, inputs.images.shape[1]
-    K.gather_images(inputs.images, own.idx, inputs.scale, inputs.shift,
+    N.gather_images(inputs.images, own.idx, inputs.scale, inputs.shift,
                     own.acts[:n * D].reshape((n, D)))
     for i in range(n):
         own.batch_labels[i] = inputs.labels[own.idx[i]]
@@ -139,7 +140,7 @@ def record_update(own, shared, tau, loss):
 
 
 @jit_inline
-def read_step(plan, shared, inputs, own, snapshot):
+def read_step(rule, shared, inputs, own, snapshot):
     """After the ticket (and slot): draw the batch and read the parameters.
     Returns V at the read. async reads a consistent snapshot into own.local
     under the lock; otherwise the step reads the shared array as it computes
@@ -152,15 +153,15 @@ def read_step(plan, shared, inputs, own, snapshot):
     else:
         _load_batch(inputs, own)
     state = shared.state
-    if plan.algo == ASYNC:
+    if rule.algo == ASYNC:
         G.lock(state)
-        K.copy_values(shared.params, own.local)
+        copy_values(shared.params, own.local)
         v_read = G.read_version(state)
         G.unlock(state)
         return v_read
     v_read = G.read_version(state)
     if snapshot:
-        K.copy_values(shared.params, own.local)
+        copy_values(shared.params, own.local)
     return v_read
 
 
@@ -169,7 +170,7 @@ def compute_step(shared, own, params):
     """Forward and backward of own's batch at `params` (the shared array or
     own.local); the gradient into own.grad. Returns the batch's mean loss."""
     _enter_step(shared.probe)
-    loss = K.network_loss_and_grad(params, own.grad, own.net, own.acts, own.dacts,
+    loss = N.network_loss_and_grad(params, own.grad, own.net, own.acts, own.dacts,
                                    own.argmax, own.batch_labels)
     _leave_step(shared.probe)
     own.counters[COMPUTED] += 1
@@ -177,27 +178,27 @@ def compute_step(shared, own, params):
 
 
 @jit_inline
-def apply_step(gen, v_read, loss, plan, shared, own):
+def apply_step(gen, v_read, loss, rule, shared, own):
     """Commit and apply own.grad, read at V = v_read in interval `gen`:
     returns 1 if applied (and recorded), 0 if the drop gate dropped it, -1
     if its loss is not finite (the run is marked diverged)."""
     state = shared.state
-    interval = plan.algo == INTERVAL
+    interval = rule.algo == INTERVAL
     if not np.isfinite(loss):
         G.mark_diverged(state)
         G.return_ticket(state)
         return -1
-    if not G.commit_step(state, gen, interval and plan.policy == G.DROP):
+    if not G.commit_step(state, gen, interval and rule.policy == G.DROP):
         own.counters[DROPPED] += 1  # before the ticket goes back: the epoch may end then
         G.return_ticket(state)
         return 0
-    if plan.algo == ASYNC:
+    if rule.algo == ASYNC:
         G.lock(state)
     tau = G.begin_apply(state) - v_read
     factors = shared.lr_factors
-    lr = plan.lr * factors[min(tau, factors.size - 1)]
-    K.sgd_momentum_update(shared.params, shared.velocity, own.grad, lr, plan.momentum)
-    if plan.algo == ASYNC:
+    lr = rule.lr * factors[min(tau, factors.size - 1)]
+    N.sgd_momentum_update(shared.params, shared.velocity, own.grad, lr, rule.momentum)
+    if rule.algo == ASYNC:
         G.unlock(state)
     elif interval:
         # read in interval gen, applied in it, within its y - 1
@@ -210,13 +211,13 @@ def apply_step(gen, v_read, loss, plan, shared, own):
 
 
 @jit_fastmath
-def async_worker(wid, plan, shared, inputs, own):
+def async_worker(wid, rule, shared, inputs, own):
     """Worker `wid` of hogwild, async (lock-based) or interval, for the whole
     run: it takes steps while the gate allows them and sleeps between
     allowances, until the run stops. A non-finite loss is not applied: it
     marks the run diverged and stops it."""
     state = shared.state
-    wait = plan.algo == INTERVAL and plan.policy == G.WAIT
+    wait = rule.algo == INTERVAL and rule.policy == G.WAIT
     t_start = monotonic_ns()
     while True:
         if not G.acquire_ticket(state, wid):
@@ -226,9 +227,9 @@ def async_worker(wid, plan, shared, inputs, own):
         own.counters[WAIT_NS] += monotonic_ns() - t0
         if gen < 0:
             break
-        v_read = read_step(plan, shared, inputs, own, False)
-        loss = compute_step(shared, own, own.local if plan.algo == ASYNC else shared.params)
-        if apply_step(gen, v_read, loss, plan, shared, own) < 0:
+        v_read = read_step(rule, shared, inputs, own, False)
+        loss = compute_step(shared, own, own.local if rule.algo == ASYNC else shared.params)
+        if apply_step(gen, v_read, loss, rule, shared, own) < 0:
             break
     own.counters[STEPS_NS] += monotonic_ns() - t_start
 
@@ -242,7 +243,7 @@ def round_gradient(shared, inputs, own, grad):
     into `grad` (a row of the round's (n, P) array). Returns its loss."""
     _load_batch(inputs, own)
     _enter_step(shared.probe)
-    loss = K.network_loss_and_grad(shared.params, grad, own.net, own.acts, own.dacts,
+    loss = N.network_loss_and_grad(shared.params, grad, own.net, own.acts, own.dacts,
                                    own.argmax, own.batch_labels)
     _leave_step(shared.probe)
     own.counters[COMPUTED] += 1
@@ -250,14 +251,14 @@ def round_gradient(shared, inputs, own, grad):
 
 
 @jit_inline
-def apply_round(plan, shared, grads, active, lo, hi, out):
+def apply_round(rule, shared, grads, active, lo, hi, out):
     """Columns [lo, hi) of a sync round's update: their mean over the first
     `active` rows of grads (n, P) into out (hi - lo,), applied to the shared
     parameters. `out` may be those columns of one of the rows: each column is
     read before it is written."""
-    K.mean_rows(grads, active, lo, hi, out)
-    K.sgd_momentum_update(shared.params[lo:hi], shared.velocity[lo:hi], out, plan.lr,
-                          plan.momentum)
+    N.mean_rows(grads, active, lo, hi, out)
+    N.sgd_momentum_update(shared.params[lo:hi], shared.velocity[lo:hi], out, rule.lr,
+                          rule.momentum)
 
 
 @jit_inline
@@ -272,7 +273,7 @@ def _timed_barrier(state, parties, sense, counters):
 
 
 @jit_fastmath
-def sync_worker(wid, parties, plan, shared, inputs, own, grads, sense):
+def sync_worker(wid, parties, rule, shared, inputs, own, grads, sense):
     """One worker of synchronous parallel SGD for the whole run, in rounds:
     every worker computes a gradient on the same parameters into grads[wid]
     (the last round of an allowance may use fewer workers), a barrier, each
@@ -303,7 +304,7 @@ def sync_worker(wid, parties, plan, shared, inputs, own, grads, sense):
             break  # cancelled as a whole: nobody applies this round
         # Columns [lo, hi) are this worker's alone: it may overwrite them in its
         # own row with the mean (the next round's backward rewrites the row).
-        apply_round(plan, shared, grads, active, lo, hi, grads[wid, lo:hi])
+        apply_round(rule, shared, grads, active, lo, hi, grads[wid, lo:hi])
         own.counters[SLICES] += 1
         if wid < active:
             record_update(own, shared, 0, loss)

@@ -17,6 +17,7 @@ from iasgd import data as datasets
 from iasgd import engine
 from iasgd.config import config_where_it_applies
 from iasgd.executors import cluster as C
+from iasgd.executors import exchange as X
 from iasgd.nn import models
 from iasgd.protocol import gate as G
 
@@ -331,11 +332,11 @@ def test_freshest_and_lost_updates_of_a_lost_server():
     copy = C.Standing(-1, 3, 12, [6, 6])  # the driver's copy
     n0 = C.Standing(0, 5, 20, [10, 10], held=4, in_flight=8)  # its push went in after v5...
     n1 = C.Standing(1, 6, 28, [18, 10], held=0, in_flight=4)  # ...and v6 holds it
-    assert C.freshest([copy, n0, n1]) is n1
+    assert X.freshest([copy, n0, n1]) is n1
     # n0's push is in n1's parameters (18 - 10 = 8 of node 0's); n1's own is not
-    assert C.lost_updates([n0, n1], n1) == 4
-    assert C.lost_updates([n0, n1], C.freshest([copy, n0])) == 8 + 4
-    assert C.freshest([copy, C.Standing(0, 3, 12, [6, 6])]) is copy  # a tie: no fetch
+    assert X.lost_updates([n0, n1], n1) == 4
+    assert X.lost_updates([n0, n1], X.freshest([copy, n0])) == 8 + 4
+    assert X.freshest([copy, C.Standing(0, 3, 12, [6, 6])]) is copy  # a tie: no fetch
 
 
 def test_a_server_taken_over_continues_from_the_given_parameters_and_counters():
@@ -350,8 +351,8 @@ def test_a_server_taken_over_continues_from_the_given_parameters_and_counters():
     counters = lost.counters()
     n0 = C.Standing(0, a.version, a.done, a.contained, held=8)  # 8 granted, not pushed
     n1 = C.Standing(1, b.version, b.done, b.contained, held=0, in_flight=8)
-    base = C.freshest([n0, n1])
-    assert base is n0 and C.lost_updates([n0, n1], base) == 8  # d1 came after n0's pull
+    base = X.freshest([n0, n1])
+    assert base is n0 and X.lost_updates([n0, n1], base) == 8  # d1 came after n0's pull
 
     server = C.ParameterServer(a.params, config(algo="hogwild", nodes=2))
     server.take_over(base, {0: 8, 1: 0}, 40, counters)
@@ -428,11 +429,11 @@ def test_nodes_go_on_with_a_new_server_when_theirs_is_lost(algo):
         while len(standings) < 2 and time.monotonic() < deadline:
             time.sleep(0.005)
         assert len(standings) == 2, "the nodes did not stop at the lost server"
-        base = C.freshest([copy, *standings])
+        base = X.freshest([copy, *standings])
         params = nodes[base.node].base.copy() if base.node >= 0 else arrays["params"]
         server = C.ParameterServer(params, cfg)
         server.take_over(base, {s.node: s.held for s in standings}, 240, first.counters())
-        lost = C.lost_updates(standings, base)
+        lost = X.lost_updates(standings, base)
         board.server = server
         reconnected.set()
         while server.progress()["done"] < 240 and time.monotonic() < deadline:
@@ -455,7 +456,7 @@ def test_rays_log_messages_stay_out_of_iasgds_output(capsys):
     codes), whatever Ray's loggers are asked to print."""
     import logging
 
-    from iasgd.executors.ray_cluster import quiet_ray_logging
+    from iasgd.executors.ray_connect import quiet_ray_logging
 
     quiet_ray_logging()
     quiet_ray_logging()  # once is enough: no second handler
@@ -469,7 +470,7 @@ def test_rays_log_messages_stay_out_of_iasgds_output(capsys):
 def test_what_rays_native_code_prints_while_it_starts_is_set_aside(capfd):
     import os
 
-    from iasgd.executors.ray_cluster import _ray_notices_aside
+    from iasgd.executors.ray_connect import _ray_notices_aside
 
     with _ray_notices_aside():
         os.write(2, b"Token authentication is enabled for this Ray cluster.\n")

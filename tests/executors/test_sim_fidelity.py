@@ -306,13 +306,13 @@ def test_a_cut_steps_forward_progress_never_goes_back(tiny, monkeypatch):
     progress its next resume reads from must not fall below the last."""
     model, data = tiny
     seen: dict[int, list[float]] = {}
-    real_read_rest = sim._Sim.read_rest
+    real_read_rest = sim.Simulation.read_rest
 
     def spy(self, w, done):
         seen.setdefault(w, []).append(done)
         real_read_rest(self, w, done)
 
-    monkeypatch.setattr(sim._Sim, "read_rest", spy)
+    monkeypatch.setattr(sim.Simulation, "read_rest", spy)
     cfg = engine.TrainConfig(algo="hogwild", threads=2, epochs=1, batch_size=4)
     sim.simulate(model, data, cfg, constant_steps(10 * Q), cores=1,
                  costs=sim.Costs(switch_s=1.5 * Q))

@@ -18,6 +18,7 @@ import pytest
 from iasgd import data as datasets
 from iasgd import engine
 from iasgd.config import config_where_it_applies
+from iasgd.executors import sim_costs
 from iasgd.executors import simulated as sim
 from iasgd.nn import models
 
@@ -305,6 +306,27 @@ def test_one_simulated_worker_trains_exactly_like_one_thread(algo):
         assert getattr(real, key) == getattr(simulated, key), key
 
 
+def test_simulated_sync_rounds_are_the_sync_threads_rounds():
+    """The simulator's rounds (run_sync_rounds) are sync_worker's, one
+    worker after another: n real sync threads are deterministic (each
+    averages the same rows, in the same order, over its own columns), so n
+    simulated workers must reach the same parameters, losses and books, to
+    the bit, the last round of an epoch short (50 updates: 16 rounds of 3,
+    one of 2)."""
+    data = datasets.synthetic(seed=2, n_train=200, n_test=40)
+    model = models.build("lenet", "synthetic")
+    cfg = engine.TrainConfig(algo="sync", threads=3, epochs=2, batch_size=4, lr=0.02,
+                             momentum=0.5, seed=5)
+    real = engine.train(model, data, cfg)
+    simulated = sim.simulate(model, data, cfg, sim.lognormal_steps(0.001, 0.1), cores=2)
+    assert simulated.params.tobytes() == real.params.tobytes()
+    for a, b in zip(real.epochs, simulated.epochs, strict=True):
+        assert (a.train_loss, a.test_accuracy, a.staleness_hist) == (
+            b.train_loss, b.test_accuracy, b.staleness_hist)
+    for key in ("applied", "computed", "samples", "staleness_max", "bound_violations"):
+        assert getattr(real, key) == getattr(simulated, key), key
+
+
 def test_measured_step_times_leave_out_the_cost_of_calling_from_python(problem, monkeypatch):
     """Real workers run their steps inside one compiled loop, so a simulated
     step must not carry the cost of one call from Python (argument typing
@@ -319,7 +341,7 @@ def test_measured_step_times_leave_out_the_cost_of_calling_from_python(problem, 
         clock[0] += 0.0005 + 0.001 * steps.count
         return steps.count
 
-    monkeypatch.setattr(sim.K, "train_steps", fake_train_steps)
-    monkeypatch.setattr(sim.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(sim_costs.K, "train_steps", fake_train_steps)
+    monkeypatch.setattr(sim_costs.time, "perf_counter", lambda: clock[0])
     measured = sim.measure_step_times(model, data, 16, 20)
     assert measured == pytest.approx(np.full(20, 0.001))

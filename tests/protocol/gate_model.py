@@ -494,7 +494,7 @@ class Scenario:
 def _worker_args(state: np.ndarray, wid: int, sc: Scenario, shared_arrays: dict) -> tuple:
     """async_worker's arguments for a tiny problem (the math is stubbed out)."""
     P, bins, f32 = shared_arrays["params"].size, 64, np.float32
-    plan = workers.Plan(sc.algo, sc.policy, 0.1, 0.5)
+    rule = workers.StepRule(sc.algo, sc.policy, 0.1, 0.5)
     shared = workers.Shared(state, shared_arrays["probe"], shared_arrays["params"],
                             np.zeros(P, f32), np.ones(bins, f32), np.zeros(8))
     inputs = workers.Inputs(np.zeros((4, 2), np.uint8), np.zeros(4, np.int64), 1.0, 0.0)
@@ -503,7 +503,7 @@ def _worker_args(state: np.ndarray, wid: int, sc: Scenario, shared_arrays: dict)
                       np.zeros(1, np.int64), np.zeros(1, np.uint64),
                       np.zeros(workers.COUNTER_COLUMNS, np.int64), np.zeros(bins, np.int64),
                       np.zeros(1))
-    return wid, plan, shared, inputs, own
+    return wid, rule, shared, inputs, own
 
 
 def run_scenario(sc: Scenario, choices: list[int], finish_steps: int = 20_000) -> dict:

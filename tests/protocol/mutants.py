@@ -64,19 +64,19 @@ TORCH_WRITE = ("        if fn is not None:\n            self._write(fn, scale_lr
 
 # apply_step's write and the gate steps around it, which the visibility
 # mutants reorder
-WRITE = "K.sgd_momentum_update(shared.params, shared.velocity, own.grad, lr, plan.momentum)\n"
+WRITE = "K.sgd_momentum_update(shared.params, shared.velocity, own.grad, lr, rule.momentum)\n"
 APPLY_BLOCK = (f"    {WRITE}"
-               "    if plan.algo == ASYNC:\n        G.unlock(state)\n    elif interval:\n"
+               "    if rule.algo == ASYNC:\n        G.unlock(state)\n    elif interval:\n"
                "        # read in interval gen, applied in it, within its y - 1\n"
                "        if G.crossed(state, gen) or tau > atomic_load(state, G.Y) - 1:\n"
                "            own.counters[VIOLATIONS] += 1\n"
                "        G.finish_apply(state)\n"
                "    record_update(own, shared, tau, loss)\n")
 
-LOCKED_APPLY = ("    if plan.algo == ASYNC:\n        G.lock(state)\n"
+LOCKED_APPLY = ("    if rule.algo == ASYNC:\n        G.lock(state)\n"
                 "    tau = G.begin_apply(state) - v_read\n"
                 "    factors = shared.lr_factors\n"
-                "    lr = plan.lr * factors[min(tau, factors.size - 1)]\n" + APPLY_BLOCK)
+                "    lr = rule.lr * factors[min(tau, factors.size - 1)]\n" + APPLY_BLOCK)
 
 
 @dataclass(frozen=True)
@@ -168,8 +168,8 @@ MUTANTS = [
            "lock-based async applies its update without taking the lock (the lock and "
            "its unlock removed)",
            "iasgd/protocol/workers.py", LOCKED_APPLY,
-           LOCKED_APPLY.replace("    if plan.algo == ASYNC:\n        G.lock(state)\n", "")
-           .replace("    if plan.algo == ASYNC:\n        G.unlock(state)\n    elif interval:",
+           LOCKED_APPLY.replace("    if rule.algo == ASYNC:\n        G.lock(state)\n", "")
+           .replace("    if rule.algo == ASYNC:\n        G.unlock(state)\n    elif interval:",
                     "    if interval:"),
            VISIBILITY_TESTS),
     Mutant("snapshot-outside-lock",
@@ -185,10 +185,10 @@ MUTANTS = [
            "the update is written before the gate commits it, so the drop gate's dropped "
            "updates reach the parameters too",
            "iasgd/protocol/workers.py",
-           "    if not G.commit_step(state, gen, interval and plan.policy == G.DROP):\n",
-           "    K.sgd_momentum_update(shared.params, shared.velocity, own.grad, plan.lr,\n"
-           "                          plan.momentum)\n"
-           "    if not G.commit_step(state, gen, interval and plan.policy == G.DROP):\n",
+           "    if not G.commit_step(state, gen, interval and rule.policy == G.DROP):\n",
+           "    K.sgd_momentum_update(shared.params, shared.velocity, own.grad, rule.lr,\n"
+           "                          rule.momentum)\n"
+           "    if not G.commit_step(state, gen, interval and rule.policy == G.DROP):\n",
            VISIBILITY_TESTS),
     Mutant("monotonic-ordering",
            "atomics use LLVM's monotonic ordering instead of seq_cst: a store and a later "

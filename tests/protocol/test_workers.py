@@ -459,7 +459,7 @@ VISIBILITY_UPDATES = 60_000
 
 
 @jit
-def _visibility_worker(wid, plan, shared, inputs, own, out):
+def _visibility_worker(wid, rule, shared, inputs, own, out):
     """async_worker's steps with a gradient (own.grad, set by the caller) that
     adds exactly 1 to the first and the last parameter (lr 1, momentum 0), so
     those two count the updates written into them. interval (y = 1): a read
@@ -468,18 +468,18 @@ def _visibility_worker(wid, plan, shared, inputs, own, out):
     out: [reads that saw fewer updates than promised, torn or short snapshots]."""
     state = shared.state
     last = shared.params.size - 1
-    wait = plan.algo == W.INTERVAL and plan.policy == G.WAIT
+    wait = rule.algo == W.INTERVAL and rule.policy == G.WAIT
     while G.acquire_ticket(state, wid):
         gen = G.enter_interval(state, wait)
         if gen < 0:
             break
-        v_read = W.read_step(plan, shared, inputs, own, False)
-        if plan.algo == W.ASYNC:
+        v_read = W.read_step(rule, shared, inputs, own, False)
+        if rule.algo == W.ASYNC:
             if own.local[0] != v_read or own.local[last] != v_read:
                 out[1] += 1
         elif shared.params[last] < gen or shared.params[0] < gen:  # y = 1: k earlier
             out[0] += 1
-        W.apply_step(gen, v_read, 0.0, plan, shared, own)
+        W.apply_step(gen, v_read, 0.0, rule, shared, own)
 
 
 @pytest.mark.parametrize(("algo", "gate"), [("interval", "wait"), ("interval", "drop"),
@@ -501,7 +501,7 @@ def test_every_read_sees_what_the_gate_promises(tiny, algo, gate):
         own.grad[0] = own.grad[-1] = -1.0  # params -= lr * grad: +1 on both
     out = np.zeros((n, 2), np.int64)
     workers = [threading.Thread(target=_visibility_worker,
-                                args=(w, arrays.plan, arrays.shared, arrays.inputs,
+                                args=(w, arrays.rule, arrays.shared, arrays.inputs,
                                       arrays.own[w], out[w])) for w in range(n)]
     for t in workers:
         t.start()
@@ -523,9 +523,9 @@ def test_every_read_sees_what_the_gate_promises(tiny, algo, gate):
 
 
 @jit
-def _apply_one(gen, v_read, plan, shared, own):
+def _apply_one(gen, v_read, rule, shared, own):
     """apply_step of a step read at V = v_read in interval `gen` (zero gradient)."""
-    return W.apply_step(gen, v_read, 0.0, plan, shared, own)
+    return W.apply_step(gen, v_read, 0.0, rule, shared, own)
 
 
 @pytest.mark.parametrize("gate", ["wait", "drop"])
@@ -553,7 +553,7 @@ def test_the_monitor_counts_every_apply_outside_its_interval_or_bound(tiny, gate
         state[G.APPLIED] = 0
         state[G.VERSION] = 100
         before = int(own.counters[W.VIOLATIONS])
-        assert _apply_one(gen_at_read, 100 - tau, arrays.plan, arrays.shared, own) == 1
+        assert _apply_one(gen_at_read, 100 - tau, arrays.rule, arrays.shared, own) == 1
         assert state[G.VERSION] == 101 and own.counters[W.TAU_MAX] >= tau  # it was applied
         return int(own.counters[W.VIOLATIONS]) - before
 
@@ -567,7 +567,7 @@ def test_the_monitor_counts_every_apply_outside_its_interval_or_bound(tiny, gate
     else:
         state[G.GEN_TAKEN] = 7 << 32
         dropped = int(own.counters[W.DROPPED])
-        assert _apply_one(6, 100, arrays.plan, arrays.shared, own) == 0
+        assert _apply_one(6, 100, arrays.rule, arrays.shared, own) == 0
         assert own.counters[W.DROPPED] == dropped + 1
     expected = 4 if gate == "wait" else 2
     assert arrays.total(W.VIOLATIONS) == expected
