@@ -341,7 +341,7 @@ def test_measured_step_times_leave_out_the_cost_of_calling_from_python(problem, 
         clock[0] += 0.0005 + 0.001 * steps.count
         return steps.count
 
-    monkeypatch.setattr(sim_costs.K, "train_steps", fake_train_steps)
+    monkeypatch.setattr(sim_costs.N, "train_steps", fake_train_steps)
     monkeypatch.setattr(sim_costs.time, "perf_counter", lambda: clock[0])
     measured = sim.measure_step_times(model, data, 16, 20)
     assert measured == pytest.approx(np.full(20, 0.001))
