@@ -299,7 +299,9 @@ def worker_namespace(scheduler: Scheduler, g: types.SimpleNamespace,
     """iasgd.protocol.workers over the model gate `g`, its kernels reading
     and writing the model arrays (what the checker watches)."""
     overrides = dict(scheduler.atomics())
-    overrides.update(G=g, K=_model_kernels(checker), _load_batch=lambda *args: None,
+    kernels = _model_kernels(checker)
+    overrides.update(G=g, N=kernels, copy_values=kernels.copy_values,
+                     _load_batch=lambda *args: None,
                      _enter_step=lambda probe: None, _leave_step=lambda probe: None)
     return types.SimpleNamespace(**_rebuild(workers, overrides))
 

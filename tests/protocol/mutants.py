@@ -64,7 +64,7 @@ TORCH_WRITE = ("        if fn is not None:\n            self._write(fn, scale_lr
 
 # apply_step's write and the gate steps around it, which the visibility
 # mutants reorder
-WRITE = "K.sgd_momentum_update(shared.params, shared.velocity, own.grad, lr, rule.momentum)\n"
+WRITE = "N.sgd_momentum_update(shared.params, shared.velocity, own.grad, lr, rule.momentum)\n"
 APPLY_BLOCK = (f"    {WRITE}"
                "    if rule.algo == ASYNC:\n        G.unlock(state)\n    elif interval:\n"
                "        # read in interval gen, applied in it, within its y - 1\n"
@@ -142,8 +142,8 @@ MUTANTS = [
            "wait_for_allowance sleeps without re-checking: a ticket given back in between "
            "never wakes it",
            "iasgd/protocol/gate.py",
-           "    if _no_allowance(state, have):\n        futex_wait(state, ALLOWANCE",
-           "    if True:\n        futex_wait(state, ALLOWANCE"),
+           "    if _no_allowance(state, have):\n        _sleep(state, ALLOWANCE",
+           "    if True:\n        _sleep(state, ALLOWANCE"),
     Mutant("claim-ignores-generation",
            "the drop gate's claim_slot accepts an update read in an earlier interval",
            "iasgd/protocol/gate.py",
@@ -175,18 +175,18 @@ MUTANTS = [
     Mutant("snapshot-outside-lock",
            "async copies its snapshot after releasing the lock",
            "iasgd/protocol/workers.py",
-           "        K.copy_values(shared.params, own.local)\n"
+           "        copy_values(shared.params, own.local)\n"
            "        v_read = G.read_version(state)\n"
            "        G.unlock(state)\n",
            "        v_read = G.read_version(state)\n        G.unlock(state)\n"
-           "        K.copy_values(shared.params, own.local)\n",
+           "        copy_values(shared.params, own.local)\n",
            VISIBILITY_TESTS),
     Mutant("write-before-commit",
            "the update is written before the gate commits it, so the drop gate's dropped "
            "updates reach the parameters too",
            "iasgd/protocol/workers.py",
            "    if not G.commit_step(state, gen, interval and rule.policy == G.DROP):\n",
-           "    K.sgd_momentum_update(shared.params, shared.velocity, own.grad, rule.lr,\n"
+           "    N.sgd_momentum_update(shared.params, shared.velocity, own.grad, rule.lr,\n"
            "                          rule.momentum)\n"
            "    if not G.commit_step(state, gen, interval and rule.policy == G.DROP):\n",
            VISIBILITY_TESTS),
