@@ -13,7 +13,7 @@ from typing import Any
 
 from iasgd.compiled import jit_inline
 from iasgd.nn.kinds import Kind, LayerShape, Lowering, Params, RowOp, Shape, Sizing
-from iasgd.nn.plan import P_GRAD, P_W, copy_values, input4, nothing, output2
+from iasgd.nn.plan import P_W, copy_values, input4, output2
 
 
 @dataclass(frozen=True)
@@ -57,11 +57,7 @@ def flatten_input_op(params, grad, plan, i, acts, dacts, argmax, n):
     flatten_backward(output2(dacts, row, n), row[P_W], input4(dacts, row, n))
 
 
-def _passes(row: Any) -> tuple:
-    return flatten_forward_op, nothing, flatten_input_op if row[P_GRAD] else nothing
-
-
-ROW = RowOp("flatten", _passes, {flatten_forward_op: 0.9, flatten_input_op: 0.9})
+ROW = RowOp.without_weights("flatten", flatten_forward_op, flatten_input_op)
 
 
 def to_vector(lo: Lowering) -> None:
