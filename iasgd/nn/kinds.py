@@ -60,6 +60,19 @@ class RowOp:
     def describe(self, row: np.ndarray) -> str:
         return (self.label or plain_label(self.name))(row)
 
+    @classmethod
+    def without_weights(cls, name: str, forward: OpFunction, input_grad: OpFunction, *,
+                        compile_s: float = 0.9,
+                        label: Callable[[np.ndarray], str] | None = None) -> RowOp:
+        """A row without weights (relu, pad, flatten, the pools): `forward`,
+        no weight gradient, and `input_grad` where the row's input needs a
+        gradient (its P_GRAD), each about `compile_s` seconds to compile."""
+
+        def passes(row: np.ndarray) -> tuple[OpFunction, OpFunction, OpFunction]:
+            return forward, P.nothing, input_grad if row[P.P_GRAD] else P.nothing
+
+        return cls(name, passes, {forward: compile_s, input_grad: compile_s}, label=label)
+
 
 @dataclass(frozen=True)
 class Sizing:

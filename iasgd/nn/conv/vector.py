@@ -184,39 +184,38 @@ def conv3_forward_simd(x, wt, b, out, width):
                             top = simd.load(xs, r + kw)  # input row i + kh
                             bot = simd.load(xs, r + S + kw)  # and i + 1 + kh
                             t = group + (row * 3 + kw) * G
-                            w = simd.splat_at(wt, t)
-                            p0, q0 = simd.fma(w, top, p0), simd.fma(w, bot, q0)
-                            w = simd.splat_at(wt, t + 1)
-                            p1, q1 = simd.fma(w, top, p1), simd.fma(w, bot, q1)
-                            w = simd.splat_at(wt, t + 2)
-                            p2, q2 = simd.fma(w, top, p2), simd.fma(w, bot, q2)
-                            w = simd.splat_at(wt, t + 3)
-                            p3, q3 = simd.fma(w, top, p3), simd.fma(w, bot, q3)
-                            w = simd.splat_at(wt, t + 4)
-                            p4, q4 = simd.fma(w, top, p4), simd.fma(w, bot, q4)
-                            w = simd.splat_at(wt, t + 5)
-                            p5, q5 = simd.fma(w, top, p5), simd.fma(w, bot, q5)
-                            w = simd.splat_at(wt, t + 6)
-                            p6, q6 = simd.fma(w, top, p6), simd.fma(w, bot, q6)
-                            w = simd.splat_at(wt, t + 7)
-                            p7, q7 = simd.fma(w, top, p7), simd.fma(w, bot, q7)
+                            p0, q0 = _fma_rows(wt, t, top, bot, p0, q0)
+                            p1, q1 = _fma_rows(wt, t + 1, top, bot, p1, q1)
+                            p2, q2 = _fma_rows(wt, t + 2, top, bot, p2, q2)
+                            p3, q3 = _fma_rows(wt, t + 3, top, bot, p3, q3)
+                            p4, q4 = _fma_rows(wt, t + 4, top, bot, p4, q4)
+                            p5, q5 = _fma_rows(wt, t + 5, top, bot, p5, q5)
+                            p6, q6 = _fma_rows(wt, t + 6, top, bot, p6, q6)
+                            p7, q7 = _fma_rows(wt, t + 7, top, bot, p7, q7)
                     a = i * S + j
-                    simd.store(o0, a, p0)
-                    simd.store(o0, a + S, q0)
-                    simd.store(o1, a, p1)
-                    simd.store(o1, a + S, q1)
-                    simd.store(o2, a, p2)
-                    simd.store(o2, a + S, q2)
-                    simd.store(o3, a, p3)
-                    simd.store(o3, a + S, q3)
-                    simd.store(o4, a, p4)
-                    simd.store(o4, a + S, q4)
-                    simd.store(o5, a, p5)
-                    simd.store(o5, a + S, q5)
-                    simd.store(o6, a, p6)
-                    simd.store(o6, a + S, q6)
-                    simd.store(o7, a, p7)
-                    simd.store(o7, a + S, q7)
+                    _store_rows(o0, a, S, p0, q0)
+                    _store_rows(o1, a, S, p1, q1)
+                    _store_rows(o2, a, S, p2, q2)
+                    _store_rows(o3, a, S, p3, q3)
+                    _store_rows(o4, a, S, p4, q4)
+                    _store_rows(o5, a, S, p5, q5)
+                    _store_rows(o6, a, S, p6, q6)
+                    _store_rows(o7, a, S, p7, q7)
+
+
+@jit_inline
+def _fma_rows(wt, t, top, bot, p, q):
+    """One output channel's sums of two output rows, p and q, after tap t:
+    its weight wt[t] broadcast times the two input rows `top` and `bot`."""
+    w = simd.splat_at(wt, t)
+    return simd.fma(w, top, p), simd.fma(w, bot, q)
+
+
+@jit_inline
+def _store_rows(o, a, S, p, q):
+    """The sums p and q of two output rows into the plane o, at a and a + S."""
+    simd.store(o, a, p)
+    simd.store(o, a + S, q)
 
 
 def conv3_forward_lanes(x, w, b, out, width, scratch):
@@ -293,24 +292,11 @@ def conv5_backward_weights_simd(x, dout, dw, db, width, scratch):
                         e = simd.load(lanes, q + j * L)
                         f = simd.load(lanes, q + (j + 1) * L)
                         p = r + j
-                        a0 = simd.fma(e, simd.splat_at(xs, p), a0)
-                        a1 = simd.fma(e, simd.splat_at(xs, p + 1), a1)
-                        a2 = simd.fma(e, simd.splat_at(xs, p + 2), a2)
-                        a3 = simd.fma(e, simd.splat_at(xs, p + 3), a3)
-                        a4 = simd.fma(e, simd.splat_at(xs, p + 4), a4)
-                        b0 = simd.fma(f, simd.splat_at(xs, p + 1), b0)
-                        b1 = simd.fma(f, simd.splat_at(xs, p + 2), b1)
-                        b2 = simd.fma(f, simd.splat_at(xs, p + 3), b2)
-                        b3 = simd.fma(f, simd.splat_at(xs, p + 4), b3)
-                        b4 = simd.fma(f, simd.splat_at(xs, p + 5), b4)
+                        a0, a1, a2, a3, a4 = _row_taps(e, xs, p, a0, a1, a2, a3, a4)
+                        b0, b1, b2, b3, b4 = _row_taps(f, xs, p + 1, b0, b1, b2, b3, b4)
                     if OW % 2 == 1:
                         e = simd.load(lanes, q + (OW - 1) * L)
-                        p = r + OW - 1
-                        a0 = simd.fma(e, simd.splat_at(xs, p), a0)
-                        a1 = simd.fma(e, simd.splat_at(xs, p + 1), a1)
-                        a2 = simd.fma(e, simd.splat_at(xs, p + 2), a2)
-                        a3 = simd.fma(e, simd.splat_at(xs, p + 3), a3)
-                        a4 = simd.fma(e, simd.splat_at(xs, p + 4), a4)
+                        a0, a1, a2, a3, a4 = _row_taps(e, xs, r + OW - 1, a0, a1, a2, a3, a4)
                 simd.store(sums, t, simd.add(a0, b0))
                 simd.store(sums, t + L, simd.add(a1, b1))
                 simd.store(sums, t + 2 * L, simd.add(a2, b2))
@@ -320,6 +306,16 @@ def conv5_backward_weights_simd(x, dout, dw, db, width, scratch):
         for t in range(C * 25):  # tap-major sums -> dw
             for o in range(L):
                 taps[ob + o, t] = sums[t * L + o]
+
+
+@jit_inline
+def _row_taps(e, xs, p, a0, a1, a2, a3, a4):
+    """A kernel row's five tap sums after one more output pixel: its
+    gradient e (a vector of channels) times each tap's input value, xs[p]
+    to xs[p + 4] broadcast."""
+    return (simd.fma(e, simd.splat_at(xs, p), a0), simd.fma(e, simd.splat_at(xs, p + 1), a1),
+            simd.fma(e, simd.splat_at(xs, p + 2), a2), simd.fma(e, simd.splat_at(xs, p + 3), a3),
+            simd.fma(e, simd.splat_at(xs, p + 4), a4))
 
 
 def conv5_weights_lanes(x, dout, dw, db, width, scratch):

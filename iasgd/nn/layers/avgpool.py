@@ -14,24 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from iasgd.compiled import jit_inline
-from iasgd.nn.kinds import Kind, LayerShape, Lowering, Params, RowOp, Shape, Sizing, image
-from iasgd.nn.layers import kind_of
-from iasgd.nn.plan import (
-    P_C,
-    P_CO,
-    P_GRAD,
-    P_H,
-    P_K,
-    P_OH,
-    P_OS,
-    P_OW,
-    P_S,
-    P_XOFF,
-    P_ZOFF,
-    nothing,
-    view3,
-    view4,
-)
+from iasgd.nn.kinds import Kind, LayerShape, Lowering, RowOp, Shape
+from iasgd.nn.layers.pool import lower_pool, pool_map, pool_shape, pooled, wide_input, window_rows
+from iasgd.nn.plan import P_K, P_S
 
 
 @dataclass(frozen=True)
@@ -51,18 +36,13 @@ def avgpool2_forward(z, width, out, border):
     the means written inside a border of B = `border` pixels (the border
     itself is not written).
     """
-    N, C, OH, OW = out.shape
-    PH, PW = OH - 2 * border, OW - 2 * border
+    N, C, OH, _ = out.shape
     quarter = z.dtype.type(0.25)
     for n in range(N):
         for c in range(C):
-            plane = z[n, c]
-            for i in range(PH):
-                top = 2 * i * width
-                r0 = plane[top:top + width]
-                r1 = plane[top + width:top + 2 * width]
-                o = out[n, c, border + i, border:border + PW]
-                for j in range(PW):
+            for i in range(OH - 2 * border):
+                _, r0, r1, o = window_rows(z, out, n, c, i, width, border)
+                for j in range(o.size):
                     o[j] = (r0[2 * j] + r0[2 * j + 1] + r1[2 * j] + r1[2 * j + 1]) * quarter
 
 
@@ -71,18 +51,14 @@ def avgpool2_backward(dout, width, dz):
     """dz (N, C, H*width) wide, overwritten: a quarter of each output's
     gradient dout (N, C, PH, PW) on each input of its window, zero on the
     inputs no window covers (an odd last row or column, junk columns)."""
-    N, C, PH, PW = dout.shape
+    N, C, PH, _ = dout.shape
     quarter = dz.dtype.type(0.25)
     dz[:] = 0
     for n in range(N):
         for c in range(C):
-            plane = dz[n, c]
             for i in range(PH):
-                top = 2 * i * width
-                r0 = plane[top:top + width]
-                r1 = plane[top + width:top + 2 * width]
-                d = dout[n, c, i]
-                for j in range(PW):
+                _, r0, r1, d = window_rows(dz, dout, n, c, i, width, 0)
+                for j in range(d.size):
                     g = d[j] * quarter
                     r0[2 * j] = g
                     r0[2 * j + 1] = g
@@ -91,47 +67,25 @@ def avgpool2_backward(dout, width, dz):
 
 
 # ------------------------------------------------------------------ its row
+# (the views of its maps, its shape and its lowering: the max-pool's,
+# iasgd.nn.layers.pool)
 
 
 def avgpool_forward_op(params, grad, plan, i, acts, dacts, argmax, n):
     row = plan[i]
-    avgpool2_forward(view3(acts, row[P_XOFF], n, row[P_C], row[P_H] * row[P_S]), row[P_S],
-                     _map(acts, row, n), row[P_K])
+    avgpool2_forward(wide_input(acts, row, n), row[P_S], pool_map(acts, row, n), row[P_K])
 
 
 def avgpool_input_op(params, grad, plan, i, acts, dacts, argmax, n):
     row = plan[i]
-    B = row[P_K]
-    dout = _map(dacts, row, n)[:, :, B:B + row[P_OH], B:B + row[P_OW]]
-    avgpool2_backward(dout, row[P_S], view3(dacts, row[P_XOFF], n, row[P_C], row[P_H] * row[P_S]))
+    avgpool2_backward(pooled(dacts, row, n), row[P_S], wide_input(dacts, row, n))
 
 
-@jit_inline
-def _map(flat, row, n):
-    """The row's whole output map (n, CO, OH + 2K, OS), its border included."""
-    return view4(flat, row[P_ZOFF], n, row[P_CO], row[P_OH] + 2 * row[P_K], row[P_OS])
-
-
-def _passes(row: Any) -> tuple:
-    return avgpool_forward_op, nothing, avgpool_input_op if row[P_GRAD] else nothing
-
-
-ROW = RowOp("avgpool", _passes, {avgpool_forward_op: 0.9, avgpool_input_op: 0.9})
-
-
-def _shape(layer: AvgPool, shape: Shape, sizing: Sizing) -> tuple[Shape, Params]:
-    c, h, w = image(shape, sizing.where)
-    if h < 2 or w < 2:
-        raise ValueError(f"{sizing.where}: its {h}x{w} input is too small for a 2x2 pool")
-    return (c, h // 2, w // 2), ()
+ROW = RowOp.without_weights("avgpool", avgpool_forward_op, avgpool_input_op)
 
 
 def _lower(lo: Lowering, ls: LayerShape, nxt: LayerShape | None) -> None:
-    c, ph, pw = lo.c, lo.h // 2, lo.w // 2
-    b = kind_of(nxt.layer).border(nxt.layer) if nxt is not None else 0  # the next one's padding
-    z = lo.alloc(c * (ph + 2 * b) * (pw + 2 * b))
-    lo.emit(ROW, c, ph, pw, pw + 2 * b, z, k=b)
-    lo.move(z, c, ph + 2 * b, pw + 2 * b, pw + 2 * b, border=b)
+    lower_pool(lo, nxt, ROW)
 
 
 def _torch(ls: LayerShape, shape: Shape) -> list[tuple[str, Any]]:
@@ -140,5 +94,5 @@ def _torch(ls: LayerShape, shape: Shape) -> list[tuple[str, Any]]:
     return [("avgpool", nn.AvgPool2d(2))]
 
 
-KIND = Kind("avgpool", AvgPool, r"avgpool", "avgpool", lambda m: AvgPool(), _shape, _lower,
+KIND = Kind("avgpool", AvgPool, r"avgpool", "avgpool", lambda m: AvgPool(), pool_shape, _lower,
             _torch, (ROW,), order=35)

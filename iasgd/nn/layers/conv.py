@@ -180,11 +180,7 @@ def pad_input_op(params, grad, plan, i, acts, dacts, argmax, n):
     pad_backward(output4(dacts, row, n), row[P_W], row[P_K], input4(dacts, row, n))
 
 
-def _pad_passes(row: Any) -> tuple:
-    return pad_forward_op, nothing, pad_input_op if row[P_GRAD] else nothing
-
-
-PAD = RowOp("pad", _pad_passes, {pad_forward_op: 0.9, pad_input_op: 0.9})
+PAD = RowOp.without_weights("pad", pad_forward_op, pad_input_op)
 
 
 # ------------------------------------------------------------------ conv rows

@@ -13,7 +13,7 @@ from typing import Any
 
 from iasgd.compiled import jit_inline
 from iasgd.nn.kinds import Kind, LayerShape, Lowering, Params, RowOp, Shape, Sizing
-from iasgd.nn.plan import P_GRAD, P_W, copy_values, input4, nothing, output2
+from iasgd.nn.plan import P_W, copy_values, input4, output2
 
 
 @dataclass(frozen=True)
@@ -23,28 +23,34 @@ class Flatten:
 
 
 @jit_inline
-def flatten_forward(x, width, out):
-    """out (N, C*H*width) = the valid columns of x (N, C, H, S), in C order."""
+def flatten_rows(x, width, flat, back):
+    """The copy between a map x (N, C, H, S) of valid width `width` and its
+    flat form (N, C*H*width), C order: flat = x's valid columns, or where
+    `back` (a constant at each call) x = flat unflattened, x's junk columns
+    zeroed."""
     N, C, H, _ = x.shape
     for n in range(N):
-        y = out[n]
         for c in range(C):
             for i in range(H):
                 base = (c * H + i) * width
-                copy_values(x[n, c, i, :width], y[base:base + width])
+                row, part = x[n, c, i], flat[n, base:base + width]
+                if back:
+                    copy_values(part, row[:width])
+                    row[width:] = 0
+                else:
+                    copy_values(row[:width], part)
+
+
+@jit_inline
+def flatten_forward(x, width, out):
+    """out (N, C*H*width) = the valid columns of x (N, C, H, S), in C order."""
+    flatten_rows(x, width, out, False)
 
 
 @jit_inline
 def flatten_backward(dout, width, dx):
     """dx (N, C, H, S) = dout (N, C*H*width) unflattened; junk columns zeroed."""
-    N, C, H, _ = dx.shape
-    for n in range(N):
-        d = dout[n]
-        for c in range(C):
-            for i in range(H):
-                base = (c * H + i) * width
-                copy_values(d[base:base + width], dx[n, c, i, :width])
-                dx[n, c, i, width:] = 0
+    flatten_rows(dx, width, dout, True)
 
 
 def flatten_forward_op(params, grad, plan, i, acts, dacts, argmax, n):
@@ -57,11 +63,7 @@ def flatten_input_op(params, grad, plan, i, acts, dacts, argmax, n):
     flatten_backward(output2(dacts, row, n), row[P_W], input4(dacts, row, n))
 
 
-def _passes(row: Any) -> tuple:
-    return flatten_forward_op, nothing, flatten_input_op if row[P_GRAD] else nothing
-
-
-ROW = RowOp("flatten", _passes, {flatten_forward_op: 0.9, flatten_input_op: 0.9})
+ROW = RowOp.without_weights("flatten", flatten_forward_op, flatten_input_op)
 
 
 def to_vector(lo: Lowering) -> None:

@@ -20,7 +20,6 @@ from iasgd.nn.plan import (
     P_AOFF,
     P_C,
     P_CO,
-    P_GRAD,
     P_H,
     P_K,
     P_OH,
@@ -31,7 +30,6 @@ from iasgd.nn.plan import (
     P_W,
     P_XOFF,
     P_ZOFF,
-    nothing,
     view3,
     view4,
 )
@@ -62,12 +60,8 @@ def maxpool2_forward(z, width, out, border, argmax, relu):
     N, C, PH, PW = argmax.shape
     for n in range(N):
         for c in range(C):
-            plane = z[n, c]
             for i in range(PH):
-                top = 2 * i * width
-                r0 = plane[top:top + width]
-                r1 = plane[top + width:top + 2 * width]
-                o = out[n, c, border + i, border:border + PW]
+                top, r0, r1, o = window_rows(z, out, n, c, i, width, border)
                 a = argmax[n, c, i]
                 for j in range(PW):
                     m, off = r0[2 * j], 0  # the first maximum wins ties
@@ -79,7 +73,6 @@ def maxpool2_forward(z, width, out, border, argmax, relu):
                         m, off = r1[2 * j + 1], width + 1
                     a[j] = top + 2 * j + off
                     o[j] = max(m, 0) if relu else m
-
 
 @jit_inline
 def maxpool2_backward(dout, out, argmax, dz, relu):
@@ -99,35 +92,75 @@ def maxpool2_backward(dout, out, argmax, dz, relu):
                         dz[n, c, argmax[n, c, i, j]] = dout[n, c, i, j]
 
 
-# ------------------------------------------------------------------ its row
-
-
-def pool_forward_op(params, grad, plan, i, acts, dacts, argmax, n):
-    row = plan[i]
-    maxpool2_forward(view3(acts, row[P_XOFF], n, row[P_C], row[P_H] * row[P_S]), row[P_S],
-                     _pool_map(acts, row, n), row[P_K], _argmax4(argmax, row, n),
-                     row[P_RELU] != 0)
-
-
-def pool_input_op(params, grad, plan, i, acts, dacts, argmax, n):
-    row = plan[i]
-    maxpool2_backward(_pooled(dacts, row, n), _pooled(acts, row, n), _argmax4(argmax, row, n),
-                      view3(dacts, row[P_XOFF], n, row[P_C], row[P_H] * row[P_S]),
-                      row[P_RELU] != 0)
+# ------------------------------------------- what the 2x2 pools share
+# (this max-pool and iasgd.nn.layers.avgpool): a window row's views, the
+# views of a pool row's maps, its output shape and its lowering.
 
 
 @jit_inline
-def _pool_map(flat, row, n):
+def window_rows(z, out, n, c, i, width, border):
+    """Output row i of plane (n, c) and the input rows its windows cover:
+    (top, r0, r1, o), r0 and r1 the two rows of the wide plane z[n, c] (row
+    stride `width`) from its flat position `top` on, o the row's values in
+    out[n, c] (N, C, PH + 2B, PW + 2B), inside its border of B = `border`."""
+    plane = z[n, c]
+    top = 2 * i * width
+    return (top, plane[top:top + width], plane[top + width:top + 2 * width],
+            out[n, c, border + i, border:out.shape[3] - border])
+
+
+@jit_inline
+def wide_input(flat, row, n):
+    """A pool row's input (n, C, H*S), wide planes, inside acts or dacts."""
+    return view3(flat, row[P_XOFF], n, row[P_C], row[P_H] * row[P_S])
+
+
+@jit_inline
+def pool_map(flat, row, n):
     """A pool row's whole output map (n, CO, OH + 2K, OS): the pooled values
     inside a zero border of K pixels when it is the input of a "same" conv."""
     return view4(flat, row[P_ZOFF], n, row[P_CO], row[P_OH] + 2 * row[P_K], row[P_OS])
 
 
 @jit_inline
-def _pooled(flat, row, n):
-    """A pool row's (n, CO, OH, OW) output inside its map (_pool_map)."""
+def pooled(flat, row, n):
+    """A pool row's (n, CO, OH, OW) output inside its map (pool_map)."""
     B = row[P_K]
-    return _pool_map(flat, row, n)[:, :, B:B + row[P_OH], B:B + row[P_OW]]
+    return pool_map(flat, row, n)[:, :, B:B + row[P_OH], B:B + row[P_OW]]
+
+
+def pool_shape(layer: Any, shape: Shape, sizing: Sizing) -> tuple[Shape, Params]:
+    """The output shape of a 2x2 pool, stride 2, floor for odd sizes."""
+    c, h, w = image(shape, sizing.where)
+    if h < 2 or w < 2:
+        raise ValueError(f"{sizing.where}: its {h}x{w} input is too small for a 2x2 pool")
+    return (c, h // 2, w // 2), ()
+
+
+def lower_pool(lo: Lowering, nxt: LayerShape | None, op: RowOp, **columns: int) -> None:
+    """A 2x2 pool's row of `op` (and its other `columns`, Lowering.emit's),
+    its map written inside the zero border the next layer wants (a "same"
+    conv's padding)."""
+    c, ph, pw = lo.c, lo.h // 2, lo.w // 2
+    b = kind_of(nxt.layer).border(nxt.layer) if nxt is not None else 0
+    z = lo.alloc(c * (ph + 2 * b) * (pw + 2 * b))
+    lo.emit(op, c, ph, pw, pw + 2 * b, z, k=b, **columns)
+    lo.move(z, c, ph + 2 * b, pw + 2 * b, pw + 2 * b, border=b)
+
+
+# ------------------------------------------------------------------ its row
+
+
+def pool_forward_op(params, grad, plan, i, acts, dacts, argmax, n):
+    row = plan[i]
+    maxpool2_forward(wide_input(acts, row, n), row[P_S], pool_map(acts, row, n), row[P_K],
+                     _argmax4(argmax, row, n), row[P_RELU] != 0)
+
+
+def pool_input_op(params, grad, plan, i, acts, dacts, argmax, n):
+    row = plan[i]
+    maxpool2_backward(pooled(dacts, row, n), pooled(acts, row, n), _argmax4(argmax, row, n),
+                      wide_input(dacts, row, n), row[P_RELU] != 0)
 
 
 @jit_inline
@@ -135,31 +168,16 @@ def _argmax4(argmax, row, n):
     return view4(argmax, row[P_AOFF], n, row[P_CO], row[P_OH], row[P_OW])
 
 
-def _passes(row: Any) -> tuple:
-    return pool_forward_op, nothing, pool_input_op if row[P_GRAD] else nothing
-
-
 def _label(row: Any) -> str:
     return f"pool {row[P_C]}x{row[P_H]}x{row[P_W]}" + (" +relu" if row[P_RELU] else "")
 
 
-ROW = RowOp("pool", _passes, {pool_forward_op: 0.9, pool_input_op: 0.9}, label=_label)
-
-
-def _shape(layer: Pool, shape: Shape, sizing: Sizing) -> tuple[Shape, Params]:
-    c, h, w = image(shape, sizing.where)
-    if h < 2 or w < 2:
-        raise ValueError(f"{sizing.where}: its {h}x{w} input is too small for a 2x2 pool")
-    return (c, h // 2, w // 2), ()
+ROW = RowOp.without_weights("pool", pool_forward_op, pool_input_op, label=_label)
 
 
 def _lower(lo: Lowering, ls: LayerShape, nxt: LayerShape | None) -> None:
-    c, ph, pw = lo.c, lo.h // 2, lo.w // 2
-    b = kind_of(nxt.layer).border(nxt.layer) if nxt is not None else 0  # the next one's padding
-    z = lo.alloc(c * (ph + 2 * b) * (pw + 2 * b))
-    lo.emit(ROW, c, ph, pw, pw + 2 * b, z, aoff=lo.alloc_argmax(c * ph * pw),
-            relu=lo.fused_relu(), k=b)
-    lo.move(z, c, ph + 2 * b, pw + 2 * b, pw + 2 * b, border=b)
+    argmax = lo.alloc_argmax(lo.c * (lo.h // 2) * (lo.w // 2))
+    lower_pool(lo, nxt, ROW, aoff=argmax, relu=lo.fused_relu())
 
 
 def _torch(ls: LayerShape, shape: Shape) -> list[tuple[str, Any]]:
@@ -168,5 +186,5 @@ def _torch(ls: LayerShape, shape: Shape) -> list[tuple[str, Any]]:
     return [("pool", nn.MaxPool2d(2))]
 
 
-KIND = Kind("pool", Pool, r"pool", "pool", lambda m: Pool(), _shape, _lower, _torch, (ROW,),
+KIND = Kind("pool", Pool, r"pool", "pool", lambda m: Pool(), pool_shape, _lower, _torch, (ROW,),
             order=30, relu_before=True)

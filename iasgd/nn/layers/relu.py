@@ -13,7 +13,7 @@ from typing import Any
 
 from iasgd.compiled import jit_inline
 from iasgd.nn.kinds import Kind, LayerShape, Lowering, Params, RowOp, Shape, Sizing
-from iasgd.nn.plan import P_C, P_GRAD, P_H, P_S, P_XOFF, nothing
+from iasgd.nn.plan import P_C, P_H, P_S, P_XOFF
 
 
 @dataclass(frozen=True)
@@ -53,11 +53,7 @@ def relu_input_op(params, grad, plan, i, acts, dacts, argmax, n):
                           acts[row[P_XOFF]:row[P_XOFF] + size])
 
 
-def _passes(row: Any) -> tuple:
-    return relu_forward_op, nothing, relu_input_op if row[P_GRAD] else nothing
-
-
-ROW = RowOp("relu", _passes, {relu_forward_op: 0.9, relu_input_op: 0.9})
+ROW = RowOp.without_weights("relu", relu_forward_op, relu_input_op)
 
 
 def _shape(layer: ReLU, shape: Shape, sizing: Sizing) -> tuple[Shape, Params]:
