@@ -6,12 +6,14 @@ simulator's: tests/executors/test_sim_fidelity.py)."""
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import pytest
 from test_checkpoints import interrupted_then_resumed
 
 from iasgd import config, engine, results
 from iasgd import data as datasets
+from iasgd.executors.epochs import TrainingClock
 from iasgd.nn import models
 
 N_TRAIN = 2000
@@ -80,6 +82,50 @@ def test_time_budget_with_eval_every_stops_and_keeps_its_evals(lenet):
     assert result.train_time_s < 3
     assert all(t <= result.train_time_s + 1e-6 for t, _, _ in result.evals)
     assert len(result.evals) >= 2
+
+
+def slow_evaluations(monkeypatch, seconds: float) -> None:
+    """Every evaluation takes at least `seconds` more (a big test set, a busy
+    machine)."""
+    evaluate = results.test_accuracy
+
+    def slow(*args, **kwargs):
+        time.sleep(seconds)
+        return evaluate(*args, **kwargs)
+    monkeypatch.setattr(results, "test_accuracy", slow)
+
+
+def test_evaluations_do_not_spend_the_time_budget(lenet, monkeypatch):
+    # Each evaluation outlasts the whole budget: the workers, waiting at the
+    # boundary, must not find their deadline passed meanwhile, so the budget
+    # is spent training (a floor: a busy machine only trains longer).
+    slow_evaluations(monkeypatch, 0.6)
+    data = datasets.synthetic(seed=0, n_train=20000, n_test=100)
+    cfg = engine.TrainConfig(algo="hogwild", threads=2, epochs=50, time_budget=0.4,
+                             eval_every=10)
+    result = engine.train(lenet, data, cfg)
+    assert result.status == "time_budget"
+    assert result.train_time_s >= 0.4
+    assert len(result.evals) >= 2
+    assert all(t <= result.train_time_s + 1e-6 for t, _, _ in result.evals)
+
+
+def test_an_evaluation_leaves_the_clock_where_it_recorded_it(synthetic, lenet, monkeypatch):
+    # The divergence check before an evaluation is left out of the clock
+    # with it: the time recorded for the evaluation must be the time the
+    # clock goes on from, or a run that stops right after ends before it.
+    # (The sequential runner's clock counts its compiled calls only.)
+    cfg = engine.TrainConfig(algo="interval", threads=2, epochs=1, eval_every=10)
+    ex = engine._runner(cfg)(lenet, synthetic, cfg)
+    check = ex.check_diverged
+
+    def slow_check():
+        time.sleep(0.2)
+        return check()
+    monkeypatch.setattr(ex, "check_diverged", slow_check)
+    ex.clock = TrainingClock()
+    assert ex.evaluate_inside_epoch()
+    assert ex.train_seconds() >= ex.result.evals[-1][0]
 
 
 @pytest.mark.parametrize("algo", ["sequential", "interval"])

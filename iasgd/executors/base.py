@@ -155,13 +155,18 @@ class ExecutorBase:
         """At an eval_every boundary, every allowed update applied: append
         the test accuracy to result.evals, its time left out of training.
         False if the parameters diverged."""
-        t = time.perf_counter()
-        if self.check_diverged():
-            return False
-        record_eval(self.result, self.model, self.data, self.params_now(),
-                    seconds=self.train_seconds(), applied=self.applied_so_far())
-        self.exclude(time.perf_counter() - t)
-        return True
+        # the clock goes on from the time recorded: all that follows it
+        # (the divergence check included) is left out of training
+        t, seconds = time.perf_counter(), self.train_seconds()
+        self.hold_deadline()
+        try:
+            if self.check_diverged():
+                return False
+            record_eval(self.result, self.model, self.data, self.params_now(),
+                        seconds=seconds, applied=self.applied_so_far())
+            return True
+        finally:
+            self.exclude(time.perf_counter() - t)
 
     def tick(self, hooks: Hooks) -> str | None:
         """The monitor's look at a run while an epoch trains (every
@@ -187,6 +192,9 @@ class ExecutorBase:
 
     def train_seconds(self) -> float:
         return self.result.train_time_s + self.clock.elapsed()
+
+    def hold_deadline(self) -> None:
+        """An evaluation starts: no time budget runs out until exclude()."""
 
     def exclude(self, seconds: float) -> None:
         self.clock.exclude(seconds)

@@ -291,12 +291,20 @@ class ThreadedRun(ExecutorBase):
     def applied_so_far(self) -> int:
         return int(self.team.state[G.DONE])
 
+    def hold_deadline(self) -> None:
+        """Workers waiting at the boundary look at their deadline every
+        SAFETY_US: while an evaluation runs they have none (0), or a long
+        evaluation would spend the budget."""
+        if self.cfg.time_budget is not None:
+            self._held_deadline = int(self.team.state[G.DEADLINE])
+            self.team.state[G.DEADLINE] = 0
+
     def exclude(self, seconds: float) -> None:
         """An evaluation's seconds: out of the training clock, and the
-        workers' deadline moved on by as much."""
+        workers' deadline, held since, moved on by as much."""
         self.clock.exclude(seconds)
         if self.cfg.time_budget is not None:
-            self.team.state[G.DEADLINE] += int(seconds * 1e9)
+            self.team.state[G.DEADLINE] = self._held_deadline + int(seconds * 1e9)
 
     def close_epoch(self, applied: int) -> EpochEnd:
         r = self.result
