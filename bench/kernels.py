@@ -60,6 +60,24 @@ except ImportError:
     Images, Steps, Weights = K.Images, K.Steps, K.Weights
 
 LR, MOMENTUM = 0.005, 0.5
+# A --baseline child's tree may predate the Sgd bundle (Steps' lr, momentum
+# and network_loss_and_grad's label smoothing)
+WITH_SGD = "sgd" in Steps._fields
+
+
+def paper_steps(order: np.ndarray, first: int, count: int, batch: int) -> tuple:
+    """train_steps' Steps for the paper's step (LR, MOMENTUM), in this tree's form."""
+    if WITH_SGD:
+        from iasgd.nn.plan import plain_sgd
+        return Steps(order, first, count, batch, plain_sgd(LR, MOMENTUM))
+    return Steps(order, first, count, batch, LR, MOMENTUM)
+
+
+def loss_and_grad(params: np.ndarray, ws, labels: np.ndarray) -> float:
+    """network_loss_and_grad over a workspace, hard labels, in this tree's form."""
+    smoothing = (0.0,) if WITH_SGD else ()
+    return K.network_loss_and_grad(params, ws.grad, ws.net, ws.acts, ws.dacts, ws.argmax,
+                                   labels, *smoothing)
 DATASET = "cifar10"
 
 
@@ -151,7 +169,7 @@ def op_breakdown(model: models.Model, batch: int, seconds: float = 0.05) -> list
     rng = np.random.default_rng(0)
     ws.acts[:batch * model.input_size] = rng.uniform(-1, 1, batch * model.input_size)
     labels = rng.integers(0, model.num_classes, batch)
-    K.network_loss_and_grad(params, ws.grad, ws.net, ws.acts, ws.dacts, ws.argmax, labels)
+    loss_and_grad(params, ws, labels)
 
     def timed(run: Callable[[int], None]) -> float:
         run(1)  # compile / warm
@@ -199,7 +217,7 @@ def iasgd_runner(model: models.Model, batch: int, images: np.ndarray,
         for first in range(0, count, limit):  # wrap around the data
             K.train_steps(Weights(params, velocity), ws.buffers,
                           Images(flat, labels, *model.image_transform),
-                          Steps(order, 0, min(limit, count - first), batch, LR, MOMENTUM),
+                          paper_steps(order, 0, min(limit, count - first), batch),
                           losses)
 
     return run

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from iasgd import options as O
 from iasgd import schedules as S
 from iasgd.algorithms import ALGORITHMS, POLICIES, VARIANTS
+from iasgd.nn.plan import Sgd
 from iasgd.options import Applies, option
 from iasgd.protocol import gate as G
 
@@ -67,6 +68,7 @@ LOSS_READERS = Applies("{interval_schedule} probe, follow-loss or {threads_sched
                        lambda c: c.interval_schedule in ("probe", "follow-loss")
                        or c.threads_schedule == "window")
 TAIL = Applies("{lr_schedule} tail", lambda c: c.lr_schedule == "tail")
+WITH_MOMENTUM = Applies("{momentum} > 0", lambda c: c.momentum > 0)
 RAY = Applies("{backend} ray", lambda c: c.backend == "ray")
 RAY_INTERVAL = Applies("{backend} ray with {algo} interval",
                        lambda c: c.backend == "ray" and ALGORITHMS[c.algo].bound == "interval")
@@ -106,6 +108,16 @@ class TrainConfig:
     lr: float = option(0.005, "step size eta", group=TRAINING, parse=O.positive_float)
     momentum: float = option(0.5, "heavy-ball momentum in [0, 1)", group=TRAINING,
                              parse=O.below_one)
+    nesterov: bool = option(False, "Nesterov momentum, as torch.optim.SGD's nesterov=True",
+                            group=TRAINING, applies=WITH_MOMENTUM)
+    weight_decay: float = option(
+        0.0, "L2 penalty: weight_decay * parameters added to every gradient before momentum, "
+             "as torch.optim.SGD's weight_decay", group=TRAINING, metavar="WD",
+        parse=O.nonneg_float)
+    label_smoothing: float = option(
+        0.0, "label smoothing eps in [0, 1) of the cross-entropy, as "
+             "nn.CrossEntropyLoss's label_smoothing: the target is 1 - eps on the label plus "
+             "eps / classes on every class", group=TRAINING, metavar="EPS", parse=O.below_one)
     epochs: int = option(3, "epochs of ceil(N_train / b) applied updates", group=TRAINING,
                          parse=O.positive_int)
     time_budget: float | None = option(
@@ -211,6 +223,11 @@ class TrainConfig:
     def start_y(self) -> int:
         return self.y0 if self.y0 is not None else self.interval
 
+    def sgd(self) -> Sgd:
+        """The step's hyper-parameters as the compiled code takes them."""
+        return Sgd(float(self.lr), float(self.momentum), float(self.weight_decay),
+                   bool(self.nesterov), float(self.label_smoothing))
+
     def over_budget(self, seconds: float) -> bool:
         """`seconds` of training have spent the time budget."""
         return self.time_budget is not None and seconds >= self.time_budget
@@ -239,10 +256,13 @@ class TrainConfig:
         for name in ("interval", "y0", "node_interval"):
             if (getattr(self, name) or 0) > G.MAX_Y:
                 raise ConfigError(f"{{{name}}} must be <= {G.MAX_Y}, got {getattr(self, name)}")
-        for name in ("lr", "momentum", "time_budget"):
+        for name in ("lr", "momentum", "time_budget", "weight_decay", "label_smoothing"):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value >= 0):
                 raise ConfigError(f"{{{name}}} must be a finite number >= 0, got {value}")
+        for name in ("momentum", "label_smoothing"):
+            if getattr(self, name) >= 1:
+                raise ConfigError(f"{{{name}}} must be below 1, got {getattr(self, name)}")
         if self.backend == "ray" and not ALGORITHMS[self.algo].parallel:
             raise ConfigError(f"{{backend}} ray runs a parallel {{algo}}, not {self.algo}; "
                               "pick one of " + ", ".join(a for a in ALGORITHMS

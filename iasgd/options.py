@@ -170,6 +170,11 @@ def positive_float(text: str) -> float:
     return _finite_float(text, low=0.0, strict=True)
 
 
+def nonneg_float(text: str) -> float:
+    """A finite number >= 0."""
+    return _finite_float(text, low=0.0, strict=False)
+
+
 def below_one(text: str) -> float:
     """A number in [0, 1)."""
     value = _finite_float(text, low=0.0, strict=False)

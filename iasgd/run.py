@@ -520,7 +520,15 @@ def describe(cfg: TrainConfig, opts: RunOptions, model: models.Model, data: data
     return (f"{opts.model} ({model.num_params:,} parameters) on {opts.dataset} "
             f"({data.x_train.shape[0]:,} train / {data.x_test.shape[0]:,} test, loaded in "
             f"{load_s:.1f}s); {algo}, b={cfg.batch_size}, lr={cfg.lr:g}, "
-            f"momentum={cfg.momentum:g}{resumed}")
+            f"momentum={cfg.momentum:g}{_sgd_extras(cfg)}{resumed}")
+
+
+def _sgd_extras(cfg: TrainConfig) -> str:
+    """The banner's words for the SGD knobs beyond the paper's, where set."""
+    extras = [", nesterov" if cfg.nesterov else "",
+              f", weight decay {cfg.weight_decay:g}" if cfg.weight_decay else "",
+              f", label smoothing {cfg.label_smoothing:g}" if cfg.label_smoothing else ""]
+    return "".join(extras)
 
 
 def train_and_report(cfg: TrainConfig, opts: RunOptions, model: models.Model,

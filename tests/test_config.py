@@ -205,8 +205,8 @@ SETTINGS = {"threads": "2", "interval": "8", "gate": "drop", "y0": "20", "y_min"
             "staleness_budget": "0.3", "loss_window": "10", "window": "4", "m0": "2",
             "tail_amplitude": "0.5", "nodes": "3", "sync_every": "4", "node_interval": "3",
             "node_gate": "drop", "interval_schedule": "decay", "threads_schedule": "window",
-            "lr_schedule": "inverse"}
-RUNS = [[], ["--algo", "hogwild", "--threads", "2"], ["--algo", "interval", "--threads", "2"],
+            "lr_schedule": "inverse", "nesterov": None}  # None: a flag
+RUNS = [[], ["--momentum", "0"], ["--algo", "hogwild", "--threads", "2"], ["--algo", "interval", "--threads", "2"],
         *(["--algo", "interval", "--threads", "2", "--interval-schedule", schedule]
           for schedule in ("decay", "probe", "follow-loss", "per-worker", "budget")),
         ["--algo", "async", "--threads", "2", "--threads-schedule", "window"],
@@ -232,7 +232,8 @@ def test_each_training_option_is_refused_exactly_where_it_does_nothing(base, tmp
     for name, rule in TRAINING_RULES.items():
         if name in run.given_options(base):
             continue
-        argv = [*base, O.flag(name), SETTINGS[name]]
+        value = [] if SETTINGS[name] is None else [SETTINGS[name]]
+        argv = [*base, O.flag(name), *value]
         fields = {**{k: getattr(base_cfg, k) for k in run.given_options(base)},
                   name: getattr(run.build_parser().parse_args(argv), name)}
         message = f"applies to {rule.words} only"

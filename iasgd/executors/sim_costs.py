@@ -18,7 +18,7 @@ from iasgd.data import Dataset
 from iasgd.nn import network as N
 from iasgd.nn.blas import single_threaded_blas
 from iasgd.nn.models import Model
-from iasgd.nn.plan import Images, Steps, Weights
+from iasgd.nn.plan import Images, Steps, Weights, plain_sgd
 
 
 def lognormal_steps(mean_s: float, spread: float) -> Callable[[np.random.Generator], float]:
@@ -52,7 +52,8 @@ def measure_step_times(model: Model, data: Dataset, batch_size: int,
                 t0 = time.perf_counter()
                 N.train_steps(Weights(params, velocity), ws.buffers,
                               Images(images, data.y_train, *model.image_transform),
-                              Steps(order, s % per_epoch, n, batch_size, 0.0, 0.0), losses)
+                              Steps(order, s % per_epoch, n, batch_size, plain_sgd(0.0, 0.0)),
+                              losses)
                 if s:
                     out[s - 1] = time.perf_counter() - t0
     return np.maximum(times - float(np.median(calls)), 1e-6)
@@ -69,7 +70,7 @@ def measure_sections(model: Model, repeats: int = 200) -> tuple[float, float]:
         t0 = time.perf_counter()
         local[:] = params
         t1 = time.perf_counter()
-        N.sgd_momentum_update(params, velocity, grad, 0.0, 0.0)
+        N.sgd_momentum_update(params, velocity, grad, 0.0, plain_sgd(0.0, 0.0))
         t2 = time.perf_counter()
         if i:
             copy[i - 1], write[i - 1] = t1 - t0, t2 - t1

@@ -182,7 +182,7 @@ class Simulation(WorkerArrays):
         before the apply that uses it)."""
         wk, own = self.workers[w], self.own[w]
         W.gather_batch(self.inputs, own)
-        loss = W.compute_step(self.shared, own, own.local)
+        loss = W.compute_step(self.rule, self.shared, own, own.local)
         if W.apply_step(wk.gen, wk.v_read, loss, self.rule, self.shared, own) < 0:
             self.stop_run(Status.DIVERGED)
         elif self.waits_for_slot and self.state[G.GEN_TAKEN] & 0xFFFFFFFF == 0:
@@ -400,8 +400,8 @@ class Simulation(WorkerArrays):
                 self.now = max(self.now, self.budget)
                 self.stop_run(Status.TIME_BUDGET)
                 break
-            losses = [W.round_gradient(self.shared, self.inputs, self.own[w], self.grads[w])
-                      for w in range(active)]
+            losses = [W.round_gradient(self.rule, self.shared, self.inputs, self.own[w],
+                                       self.grads[w]) for w in range(active)]
             if not all(math.isfinite(loss) for loss in losses):
                 self.stop_run(Status.DIVERGED)
                 break

@@ -380,9 +380,10 @@ class Model:
 
     # ---- convenience API (allocates; the training path uses the kernels directly)
 
-    def loss_and_grad(self, params: np.ndarray, x: np.ndarray,
-                      y: np.ndarray) -> tuple[float, np.ndarray]:
-        """Batch-mean softmax cross-entropy and its flat gradient.
+    def loss_and_grad(self, params: np.ndarray, x: np.ndarray, y: np.ndarray,
+                      label_smoothing: float = 0.0) -> tuple[float, np.ndarray]:
+        """Batch-mean softmax cross-entropy (with nn.CrossEntropyLoss's
+        label_smoothing) and its flat gradient.
 
         params: (num_params,) float32; x: float32 (N, C, H, W) (or (N, D) for an
         MLP) in [0, 1]; y: (N,) int labels.
@@ -397,7 +398,7 @@ class Model:
         ws = self.workspace(max(x2.shape[0], 1))
         self._load_inputs(x2, ws)
         loss = network.network_loss_and_grad(params, ws.grad, ws.net, ws.acts, ws.dacts,
-                                       ws.argmax, labels)
+                                             ws.argmax, labels, float(label_smoothing))
         return float(loss), ws.grad
 
     def logits(self, params: np.ndarray, x: np.ndarray) -> np.ndarray:

@@ -23,16 +23,20 @@ from iasgd.nn.plan import P_C, P_CO, P_DW, P_DX, P_FWD, P_H, P_S, P_ZOFF, view2
 
 
 @jit_inline
-def softmax_cross_entropy(logits, labels, dlogits, batch):
+def softmax_cross_entropy(logits, labels, dlogits, batch, smoothing):
     """Softmax cross-entropy of N samples of a batch of `batch`, and its gradient.
 
     logits: (N, K); labels: (N,) ints in [0, K); dlogits: (N, K) overwritten
-    with d(batch-mean loss)/d(logits). Returns these samples' share of the
-    batch-mean loss (float64): their mean when N == batch.
+    with d(batch-mean loss)/d(logits). smoothing: nn.CrossEntropyLoss's
+    label_smoothing eps, the target being (1 - eps) on the label plus eps / K
+    on every class. Returns these samples' share of the batch-mean loss
+    (float64): their mean when N == batch.
     """
     N, K = logits.shape
     total = 0.0
     inv_n = logits.dtype.type(1.0 / batch)
+    eps = logits.dtype.type(smoothing)
+    spread = eps / K * inv_n  # every class's share of the smoothed target, per sample
     for n in range(N):
         z = logits[n]
         m = z[0]
@@ -43,11 +47,20 @@ def softmax_cross_entropy(logits, labels, dlogits, batch):
             e = np.exp(z[k] - m)
             dlogits[n, k] = e
             s += e
-        total += np.log(s) + m - z[labels[n]]
         inv_s = 1 / s
-        for k in range(K):
-            dlogits[n, k] *= inv_s * inv_n
-        dlogits[n, labels[n]] -= inv_n
+        if smoothing == 0.0:
+            total += np.log(s) + m - z[labels[n]]
+            for k in range(K):
+                dlogits[n, k] *= inv_s * inv_n
+            dlogits[n, labels[n]] -= inv_n
+        else:
+            z_mean = 0.0
+            for k in range(K):
+                z_mean += z[k]
+                dlogits[n, k] = dlogits[n, k] * inv_s * inv_n - spread
+            z_mean /= K
+            total += np.log(s) + m - (1 - smoothing) * z[labels[n]] - smoothing * z_mean
+            dlogits[n, labels[n]] -= (1 - eps) * inv_n
     return total / batch
 
 
@@ -67,13 +80,26 @@ def argmax_rows(scores, out):
 
 
 @jit_inline
-def sgd_momentum_update(params, velocity, grad, lr, momentum):
-    """PyTorch-style heavy ball: v = momentum * v + grad; params -= lr * v."""
-    mu = params.dtype.type(momentum)
+def sgd_momentum_update(params, velocity, grad, lr, sgd):
+    """torch.optim.SGD's step (dampening 0) with step size `lr` and sgd's
+    (an Sgd's) other knobs: g = grad + weight_decay * params;
+    v = momentum * v + g; params -= lr * (g + momentum * v if nesterov else v).
+    """
+    mu = params.dtype.type(sgd.momentum)
     eta = params.dtype.type(lr)
+    if sgd.weight_decay == 0.0 and not sgd.nesterov:  # the paper's heavy ball
+        for i in range(params.size):
+            v = mu * velocity[i] + grad[i]
+            velocity[i] = v
+            params[i] -= eta * v
+        return
+    decay = params.dtype.type(sgd.weight_decay)
     for i in range(params.size):
-        v = mu * velocity[i] + grad[i]
+        g = grad[i] + decay * params[i]
+        v = mu * velocity[i] + g
         velocity[i] = v
+        if sgd.nesterov:
+            v = g + mu * v
         params[i] -= eta * v
 
 
@@ -146,8 +172,9 @@ def network_forward(params, net, acts, argmax, n):
 
 
 @jit_inline
-def network_loss_and_grad(params, grad, net, acts, dacts, argmax, labels):
-    """Mean loss of the batch whose input sits in acts; gradient into grad.
+def network_loss_and_grad(params, grad, net, acts, dacts, argmax, labels, smoothing):
+    """Mean loss of the batch whose input sits in acts (label smoothing
+    `smoothing`: softmax_cross_entropy); gradient into grad.
 
     Every entry of `grad` (same layout as params) is overwritten; `dacts`
     mirrors the layout of `acts` and receives the activation gradients.
@@ -176,7 +203,7 @@ def network_loss_and_grad(params, grad, net, acts, dacts, argmax, labels):
         network_forward(params, net, acts, argmax, m)
         logits = view2(acts, last[P_ZOFF], m, last[P_CO])
         dlogits = view2(dacts, last[P_ZOFF], m, last[P_CO])
-        loss += softmax_cross_entropy(logits, labels[start:start + m], dlogits, n)
+        loss += softmax_cross_entropy(logits, labels[start:start + m], dlogits, n, smoothing)
         for i in range(plan.shape[0] - 1, -1, -1):
             net.ops[plan[i, P_DW]](params, into, plan, i, acts, dacts, argmax, m)
             net.ops[plan[i, P_DX]](params, into, plan, i, acts, dacts, argmax, m)
@@ -188,7 +215,7 @@ def network_loss_and_grad(params, grad, net, acts, dacts, argmax, labels):
 
 @jit
 def train_steps(weights, buffers, data, steps, losses):
-    """Run steps.count steps of sequential mini-batch SGD with momentum;
+    """Run steps.count steps of sequential mini-batch SGD (steps.sgd);
     returns the number of steps applied, fewer if a loss is not finite (that
     step's update is not applied: the run has diverged).
 
@@ -210,10 +237,11 @@ def train_steps(weights, buffers, data, steps, losses):
         for i in range(n):
             bl[i] = data.labels[idx[i]]
         losses[s] = network_loss_and_grad(params, buffers.grad, buffers.net, acts,
-                                          buffers.dacts, buffers.argmax, bl)
+                                          buffers.dacts, buffers.argmax, bl,
+                                          steps.sgd.label_smoothing)
         if not np.isfinite(losses[s]):
             return s - steps.first
-        sgd_momentum_update(params, velocity, buffers.grad, steps.lr, steps.momentum)
+        sgd_momentum_update(params, velocity, buffers.grad, steps.sgd.lr, steps.sgd)
     return steps.count
 
 

@@ -51,8 +51,9 @@ COUNTER_COLUMNS = 16
 # and the losses written into the loss ring so far.
 ACTIVE, ACTIVE_MAX, LOSS_POS = 0, 1, 2
 
-# algo: HOGWILD, ASYNC, INTERVAL (or any, for sync); policy: gate.WAIT or DROP
-StepRule = namedtuple("StepRule", ["algo", "policy", "lr", "momentum"])
+# algo: HOGWILD, ASYNC, INTERVAL (or any, for sync); policy: gate.WAIT or DROP;
+# sgd: the step's hyper-parameters (iasgd.nn.plan.Sgd)
+StepRule = namedtuple("StepRule", ["algo", "policy", "sgd"])
 # state: the gate; probe: (8,) int64; params, velocity: (P,) float32;
 # lr_factors: (bins,) float32 step-size factor by tau; ring: the loss ring
 Shared = namedtuple("Shared", ["state", "probe", "params", "velocity", "lr_factors", "ring"])
@@ -166,12 +167,12 @@ def read_step(rule, shared, inputs, own, snapshot):
 
 
 @jit_inline
-def compute_step(shared, own, params):
+def compute_step(rule, shared, own, params):
     """Forward and backward of own's batch at `params` (the shared array or
     own.local); the gradient into own.grad. Returns the batch's mean loss."""
     _enter_step(shared.probe)
     loss = N.network_loss_and_grad(params, own.grad, own.net, own.acts, own.dacts,
-                                   own.argmax, own.batch_labels)
+                                   own.argmax, own.batch_labels, rule.sgd.label_smoothing)
     _leave_step(shared.probe)
     own.counters[COMPUTED] += 1
     return loss
@@ -196,8 +197,8 @@ def apply_step(gen, v_read, loss, rule, shared, own):
         G.lock(state)
     tau = G.begin_apply(state) - v_read
     factors = shared.lr_factors
-    lr = rule.lr * factors[min(tau, factors.size - 1)]
-    N.sgd_momentum_update(shared.params, shared.velocity, own.grad, lr, rule.momentum)
+    lr = rule.sgd.lr * factors[min(tau, factors.size - 1)]
+    N.sgd_momentum_update(shared.params, shared.velocity, own.grad, lr, rule.sgd)
     if rule.algo == ASYNC:
         G.unlock(state)
     elif interval:
@@ -228,7 +229,8 @@ def async_worker(wid, rule, shared, inputs, own):
         if gen < 0:
             break
         v_read = read_step(rule, shared, inputs, own, False)
-        loss = compute_step(shared, own, own.local if rule.algo == ASYNC else shared.params)
+        loss = compute_step(rule, shared, own,
+                            own.local if rule.algo == ASYNC else shared.params)
         if apply_step(gen, v_read, loss, rule, shared, own) < 0:
             break
     own.counters[STEPS_NS] += monotonic_ns() - t_start
@@ -238,13 +240,13 @@ def async_worker(wid, rule, shared, inputs, own):
 
 
 @jit_inline
-def round_gradient(shared, inputs, own, grad):
+def round_gradient(rule, shared, inputs, own, grad):
     """A sync round's gradient of a fresh batch at the shared parameters,
     into `grad` (a row of the round's (n, P) array). Returns its loss."""
     _load_batch(inputs, own)
     _enter_step(shared.probe)
     loss = N.network_loss_and_grad(shared.params, grad, own.net, own.acts, own.dacts,
-                                   own.argmax, own.batch_labels)
+                                   own.argmax, own.batch_labels, rule.sgd.label_smoothing)
     _leave_step(shared.probe)
     own.counters[COMPUTED] += 1
     return loss
@@ -257,8 +259,8 @@ def apply_round(rule, shared, grads, active, lo, hi, out):
     parameters. `out` may be those columns of one of the rows: each column is
     read before it is written."""
     N.mean_rows(grads, active, lo, hi, out)
-    N.sgd_momentum_update(shared.params[lo:hi], shared.velocity[lo:hi], out, rule.lr,
-                          rule.momentum)
+    N.sgd_momentum_update(shared.params[lo:hi], shared.velocity[lo:hi], out, rule.sgd.lr,
+                          rule.sgd)
 
 
 @jit_inline
@@ -297,7 +299,7 @@ def sync_worker(wid, parties, rule, shared, inputs, own, grads, sense):
         loss = 0.0
         G.stop_if_past_deadline(state)  # the round is then cancelled at the barrier
         if wid < active and not G.stopped(state):
-            loss = round_gradient(shared, inputs, own, grads[wid])
+            loss = round_gradient(rule, shared, inputs, own, grads[wid])
             if not np.isfinite(loss):  # averaged in, it would poison every parameter
                 G.mark_diverged(state)
         if _timed_barrier(state, parties, sense, own.counters) != 1:

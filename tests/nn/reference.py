@@ -40,10 +40,14 @@ def relu_maxpool2(z: np.ndarray) -> np.ndarray:
     return np.maximum(pooled, 0)
 
 
-def softmax_xent(logits: np.ndarray, labels: np.ndarray) -> float:
-    """Batch-mean cross-entropy of softmax(logits)."""
+def softmax_xent(logits: np.ndarray, labels: np.ndarray, smoothing: float = 0.0) -> float:
+    """Batch-mean cross-entropy of softmax(logits) against the smoothed
+    targets (1 - smoothing) * one_hot(labels) + smoothing / K."""
     logits = logits.astype(np.float64)
-    return float(np.mean(logsumexp(logits, axis=1) - logits[np.arange(len(labels)), labels]))
+    log_p = logits - logsumexp(logits, axis=1, keepdims=True)
+    target = np.full(logits.shape, smoothing / logits.shape[1])
+    target[np.arange(len(labels)), labels] += 1 - smoothing
+    return float(np.mean(-(target * log_p).sum(axis=1)))
 
 
 def conv2d(x: np.ndarray, w: np.ndarray, b: np.ndarray, padding: str) -> np.ndarray:

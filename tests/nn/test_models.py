@@ -119,7 +119,7 @@ def test_loss_and_grad_matches_finite_differences_on_every_tensor(model):
 
     def loss64(p):
         acts[: x.size] = (x.ravel() - models.INPUT_MEAN) / models.INPUT_STD
-        return network.network_loss_and_grad(p, g64, net64, acts, dacts, ws.argmax, y)
+        return network.network_loss_and_grad(p, g64, net64, acts, dacts, ws.argmax, y, 0.0)
 
     p64 = params.astype(np.float64)
     rng = np.random.default_rng(5)
@@ -173,7 +173,7 @@ def test_a_batch_in_slices_has_the_whole_batch_loss_and_gradient():
         ws.dacts[:] = np.nan
         m._load_inputs(x.reshape(40, -1), ws)
         loss = network.network_loss_and_grad(params, ws.grad, ws.net, ws.acts, ws.dacts,
-                                       ws.argmax, y)
+                                             ws.argmax, y, 0.0)
         results.append((loss, m.tensors(ws.grad.copy())))
     (loss, grads), (want_loss, want) = results
     assert loss == pytest.approx(want_loss, rel=1e-6)
@@ -323,7 +323,7 @@ def test_the_training_step_allocates_nothing(name, b):
         before = rtsys.get_allocation_stats().alloc
         network.train_steps(P.Weights(params, np.zeros_like(params)), ws.buffers,
                       P.Images(images, labels, *m.image_transform),
-                      P.Steps(np.arange(6 * b), 0, steps, b, 0.001, 0.5), np.zeros(6))
+                      P.Steps(np.arange(6 * b), 0, steps, b, P.plain_sgd(0.001, 0.5)), np.zeros(6))
         return rtsys.get_allocation_stats().alloc - before
 
     was_enabled = _nrt_python.memsys_stats_enabled()

@@ -17,24 +17,26 @@ SHAPES = settings(max_examples=15, deadline=None)
 
 
 @SHAPES
-@given(st.integers(1, 6), st.integers(2, 12), st.floats(0.1, 30), st.integers(0, 2**31 - 1))
-def test_softmax_cross_entropy(n, k, scale, seed):
+@given(st.integers(1, 6), st.integers(2, 12), st.floats(0.1, 30), st.integers(0, 2**31 - 1),
+       st.sampled_from([0.0, 0.1, 0.37]))
+def test_softmax_cross_entropy(n, k, scale, seed, eps):
     rng = np.random.default_rng(seed)
     logits = rng.standard_normal((n, k)) * scale
     labels = rng.integers(0, k, n)
     d32 = np.zeros((n, k), np.float32)
-    loss32 = N.softmax_cross_entropy(logits.astype(np.float32), labels, d32, n)
-    assert loss32 == pytest.approx(softmax_xent(logits, labels), rel=1e-5, abs=1e-5)
+    loss32 = N.softmax_cross_entropy(logits.astype(np.float32), labels, d32, n, eps)
+    assert loss32 == pytest.approx(softmax_xent(logits, labels, eps), rel=1e-5, abs=1e-5)
     d = np.zeros((n, k))
-    loss = N.softmax_cross_entropy(logits, labels, d, n)
+    loss = N.softmax_cross_entropy(logits, labels, d, n, eps)
+    assert loss == pytest.approx(softmax_xent(logits, labels, eps), rel=1e-12, abs=1e-12)
     for i in rng.choice(logits.size, min(logits.size, 6), replace=False):
-        fd = central_difference(lambda v: softmax_xent(v, labels), logits, i)
+        fd = central_difference(lambda v: softmax_xent(v, labels, eps), logits, i)
         assert abs(fd - d.flat[i]) < 1e-6
     # a batch in two slices: their shares add up to the whole batch's loss and gradient
     cut = n // 2
     parts = np.zeros((n, k))
-    share = (N.softmax_cross_entropy(logits[:cut], labels[:cut], parts[:cut], n)
-             + N.softmax_cross_entropy(logits[cut:], labels[cut:], parts[cut:], n))
+    share = (N.softmax_cross_entropy(logits[:cut], labels[:cut], parts[:cut], n, eps)
+             + N.softmax_cross_entropy(logits[cut:], labels[cut:], parts[cut:], n, eps))
     assert share == pytest.approx(loss, rel=1e-12, abs=1e-12)
     np.testing.assert_allclose(parts, d, rtol=1e-12, atol=1e-15)
 
@@ -42,16 +44,21 @@ def test_softmax_cross_entropy(n, k, scale, seed):
 def test_softmax_cross_entropy_is_stable_for_huge_logits():
     logits = np.array([[1e4, 0.0, -1e4]], np.float32)
     d = np.zeros_like(logits)
-    assert N.softmax_cross_entropy(logits, np.array([1]), d, 1) == pytest.approx(1e4)
+    assert N.softmax_cross_entropy(logits, np.array([1]), d, 1, 0.0) == pytest.approx(1e4)
     assert np.all(np.isfinite(d))
 
 
-def test_sgd_momentum_update_matches_formula():
-    rng = np.random.default_rng(3)
+@SHAPES
+@given(st.sampled_from([0.0, 0.5, 0.9]), st.sampled_from([0.0, 5e-4, 0.1]), st.booleans(),
+       st.integers(0, 2**31 - 1))
+def test_sgd_momentum_update_matches_formula(momentum, decay, nesterov, seed):
+    # torch.optim.SGD's documented step, dampening 0 (float64 here)
+    rng = np.random.default_rng(seed)
     p, v, g = (rng.standard_normal(50).astype(np.float32) for _ in range(3))
-    want_v = 0.9 * v + g
-    want_p = p - 0.1 * want_v
-    N.sgd_momentum_update(p, v, g, 0.1, 0.9)
+    d_p = g.astype(np.float64) + decay * p
+    want_v = momentum * v + d_p
+    want_p = p - 0.1 * (d_p + momentum * want_v if nesterov else want_v)
+    N.sgd_momentum_update(p, v, g, 0.1, P.Sgd(0.1, momentum, decay, nesterov, 0.0))
     # float32 with fused multiply-add: agree to a few ulps
     np.testing.assert_allclose(v, want_v, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(p, want_p, rtol=1e-6, atol=1e-6)
@@ -80,10 +87,16 @@ def test_argmax_rows_takes_first_maximum():
     assert out.tolist() == [1, 0]
 
 
-@pytest.mark.parametrize("preset", ["lenet", "vgg-small"])
-def test_train_steps_match_pytorch_sgd(preset):
-    """40 steps of LeNet-5 / vgg-small with momentum, step by step against
-    PyTorch's SGD on the same batches from the same initial parameters."""
+RECIPE_SGD = P.Sgd(0.005, 0.9, 5e-3, True, 0.1)  # every knob beyond the paper's
+
+
+@pytest.mark.parametrize(("preset", "sgd"), [("lenet", P.plain_sgd(0.005, 0.5)),
+                                             ("vgg-small", P.plain_sgd(0.005, 0.5)),
+                                             ("lenet", RECIPE_SGD)])
+def test_train_steps_match_pytorch_sgd(preset, sgd):
+    """40 steps of LeNet-5 / vgg-small with momentum (and Nesterov, weight
+    decay and label smoothing), step by step against PyTorch's SGD and
+    cross-entropy on the same batches from the same initial parameters."""
     torch = pytest.importorskip("torch")
     import sys
     from pathlib import Path
@@ -97,7 +110,8 @@ def test_train_steps_match_pytorch_sgd(preset):
     m = models.build(preset, "cifar10")
     params = m.init(0)
     net = torch_net(m, params)
-    opt = torch.optim.SGD(net.parameters(), lr=0.005, momentum=0.5)
+    opt = torch.optim.SGD(net.parameters(), lr=sgd.lr, momentum=sgd.momentum,
+                          weight_decay=sgd.weight_decay, nesterov=sgd.nesterov)
     rng = np.random.default_rng(0)
     steps, b = 40, 16
     images = rng.integers(0, 256, (steps * b, 3, 32, 32), dtype=np.uint8)
@@ -106,12 +120,13 @@ def test_train_steps_match_pytorch_sgd(preset):
     losses = np.zeros(steps)
     N.train_steps(P.Weights(params, np.zeros_like(params)), ws.buffers,
                   P.Images(images.reshape(steps * b, -1), labels, *m.image_transform),
-                  P.Steps(np.arange(steps * b), 0, steps, b, 0.005, 0.5), losses)
+                  P.Steps(np.arange(steps * b), 0, steps, b, sgd), losses)
     for s in range(steps):
         batch = slice(s * b, (s + 1) * b)
         opt.zero_grad()
         loss = torch.nn.functional.cross_entropy(net(torch_inputs(images[batch])),
-                                                 torch.from_numpy(labels[batch]))
+                                                 torch.from_numpy(labels[batch]),
+                                                 label_smoothing=sgd.label_smoothing)
         loss.backward()
         opt.step()
         assert losses[s] == pytest.approx(loss.item(), abs=1e-5)

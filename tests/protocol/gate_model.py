@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from iasgd.nn.plan import plain_sgd
 from iasgd.protocol import gate, workers
 
 LOW32 = (1 << 32) - 1
@@ -496,7 +497,7 @@ class Scenario:
 def _worker_args(state: np.ndarray, wid: int, sc: Scenario, shared_arrays: dict) -> tuple:
     """async_worker's arguments for a tiny problem (the math is stubbed out)."""
     P, bins, f32 = shared_arrays["params"].size, 64, np.float32
-    rule = workers.StepRule(sc.algo, sc.policy, 0.1, 0.5)
+    rule = workers.StepRule(sc.algo, sc.policy, plain_sgd(0.1, 0.5))
     shared = workers.Shared(state, shared_arrays["probe"], shared_arrays["params"],
                             np.zeros(P, f32), np.ones(bins, f32), np.zeros(8))
     inputs = workers.Inputs(np.zeros((4, 2), np.uint8), np.zeros(4, np.int64), 1.0, 0.0)

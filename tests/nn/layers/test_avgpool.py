@@ -90,7 +90,7 @@ def test_gradients_match_finite_differences(spec):
 
     def loss64(p):
         acts[: x.size] = (x.ravel() - models.INPUT_MEAN) / models.INPUT_STD
-        return network.network_loss_and_grad(p, g64, net64, acts, dacts, ws.argmax, y)
+        return network.network_loss_and_grad(p, g64, net64, acts, dacts, ws.argmax, y, 0.0)
 
     p64 = params.astype(np.float64)
     for name, shape, off in model.layout:
@@ -148,7 +148,7 @@ def test_training_steps_match_pytorch_sgd():
     losses = np.zeros(steps)
     network.train_steps(P.Weights(params, np.zeros_like(params)), model.workspace(b).buffers,
                         P.Images(images.reshape(steps * b, -1), labels, *model.image_transform),
-                        P.Steps(np.arange(steps * b), 0, steps, b, 0.01, 0.5), losses)
+                        P.Steps(np.arange(steps * b), 0, steps, b, P.plain_sgd(0.01, 0.5)), losses)
     for s in range(steps):
         batch = slice(s * b, (s + 1) * b)
         opt.zero_grad()
