@@ -69,7 +69,7 @@ def paper_steps(order: np.ndarray, first: int, count: int, batch: int) -> tuple:
     """train_steps' Steps for the paper's step (LR, MOMENTUM), in this tree's form."""
     if WITH_SGD:
         from iasgd.nn.plan import plain_sgd
-        return Steps(order, first, count, batch, plain_sgd(LR, MOMENTUM))
+        return Steps(order, first, count, batch, plain_sgd(LR, MOMENTUM), 0)
     return Steps(order, first, count, batch, LR, MOMENTUM)
 
 

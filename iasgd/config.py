@@ -69,6 +69,8 @@ LOSS_READERS = Applies("{interval_schedule} probe, follow-loss or {threads_sched
                        or c.threads_schedule == "window")
 TAIL = Applies("{lr_schedule} tail", lambda c: c.lr_schedule == "tail")
 WITH_MOMENTUM = Applies("{momentum} > 0", lambda c: c.momentum > 0)
+# a node of a cluster counts its own updates, not the run's
+THIS_MACHINE = Applies("{backend} threads", lambda c: c.backend == "threads")
 RAY = Applies("{backend} ray", lambda c: c.backend == "ray")
 RAY_INTERVAL = Applies("{backend} ray with {algo} interval",
                        lambda c: c.backend == "ray" and ALGORITHMS[c.algo].bound == "interval")
@@ -118,6 +120,15 @@ class TrainConfig:
         0.0, "label smoothing eps in [0, 1) of the cross-entropy, as "
              "nn.CrossEntropyLoss's label_smoothing: the target is 1 - eps on the label plus "
              "eps / classes on every class", group=TRAINING, metavar="EPS", parse=O.below_one)
+    lr_decay: str = option(
+        "none", "the step size over the run's planned updates (--epochs of them): none "
+                "(constant); cosine: lr (1 + cos(pi x)) / 2; linear: lr (1 - x); x the fraction "
+                "of the updates after the warm-up done", group=TRAINING, choices=S.LR_DECAYS,
+        applies=THIS_MACHINE)
+    lr_warmup: float = option(
+        0.0, "the first FRACTION of the planned updates raise the step size linearly to lr "
+             "((k + 1) / W of it at update k of W)", group=TRAINING, metavar="FRACTION",
+        parse=O.below_one, applies=THIS_MACHINE)
     epochs: int = option(3, "epochs of ceil(N_train / b) applied updates", group=TRAINING,
                          parse=O.positive_int)
     time_budget: float | None = option(
@@ -223,10 +234,17 @@ class TrainConfig:
     def start_y(self) -> int:
         return self.y0 if self.y0 is not None else self.interval
 
-    def sgd(self) -> Sgd:
-        """The step's hyper-parameters as the compiled code takes them."""
+    def planned_updates(self, n_train: int) -> int:
+        """The updates the run's --epochs make on n_train samples."""
+        return self.epochs * steps_per_epoch(n_train, self.batch_size)
+
+    def sgd(self, n_train: int) -> Sgd:
+        """The step's hyper-parameters as the compiled code takes them, the
+        step size's schedule planned over --epochs of n_train samples."""
+        planned = self.planned_updates(n_train)
         return Sgd(float(self.lr), float(self.momentum), float(self.weight_decay),
-                   bool(self.nesterov), float(self.label_smoothing))
+                   bool(self.nesterov), float(self.label_smoothing),
+                   S.LR_DECAYS.index(self.lr_decay), round(self.lr_warmup * planned), planned)
 
     def over_budget(self, seconds: float) -> bool:
         """`seconds` of training have spent the time budget."""
@@ -237,7 +255,8 @@ class TrainConfig:
         choices = {"algo": ALGORITHMS, "gate": POLICIES, "node_gate": POLICIES,
                    "backend": BACKENDS, "variant": {None: None, **VARIANTS},
                    "interval_schedule": S.INTERVAL_SCHEDULES,
-                   "threads_schedule": S.THREAD_SCHEDULES, "lr_schedule": S.LR_SCHEDULES}
+                   "threads_schedule": S.THREAD_SCHEDULES, "lr_schedule": S.LR_SCHEDULES,
+                   "lr_decay": S.LR_DECAYS}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"unknown {{{name}}} {getattr(self, name)!r}; "
@@ -256,11 +275,12 @@ class TrainConfig:
         for name in ("interval", "y0", "node_interval"):
             if (getattr(self, name) or 0) > G.MAX_Y:
                 raise ConfigError(f"{{{name}}} must be <= {G.MAX_Y}, got {getattr(self, name)}")
-        for name in ("lr", "momentum", "time_budget", "weight_decay", "label_smoothing"):
+        for name in ("lr", "momentum", "time_budget", "weight_decay", "label_smoothing",
+                     "lr_warmup"):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value >= 0):
                 raise ConfigError(f"{{{name}}} must be a finite number >= 0, got {value}")
-        for name in ("momentum", "label_smoothing"):
+        for name in ("momentum", "label_smoothing", "lr_warmup"):
             if getattr(self, name) >= 1:
                 raise ConfigError(f"{{{name}}} must be below 1, got {getattr(self, name)}")
         if self.backend == "ray" and not ALGORITHMS[self.algo].parallel:

@@ -45,6 +45,8 @@ if TYPE_CHECKING:
 INTERVAL_SCHEDULES = ("fixed", "decay", "probe", "follow-loss", "per-worker", "budget")
 THREAD_SCHEDULES = ("fixed", "window", "cores")
 LR_SCHEDULES = ("none", "inverse", "fleet", "tail")
+# the step size over the run (iasgd.nn.network.scheduled_lr); the position is its code
+LR_DECAYS = ("none", "cosine", "linear")
 
 
 # -------------------------------------------------------------- loss monitor

@@ -75,9 +75,15 @@ def interrupted_then_resumed(model, data, cfg, tmp_path, epoch=2, monitor_second
         return first, engine.train(model, data, cfg, resume=snap)
 
 
-def test_sequential_resume_is_bit_identical(synthetic, tmp_path):
+@pytest.mark.parametrize("knobs", [{}, {"lr_decay": "cosine", "lr_warmup": 0.2,
+                                      "weight_decay": 1e-3, "nesterov": True,
+                                      "label_smoothing": 0.1}],
+                         ids=["paper", "scheduled"])
+def test_sequential_resume_is_bit_identical(synthetic, tmp_path, knobs):
+    # scheduled: stopped in epoch 2, mid-decay, the resume goes on with the
+    # step size of the update it resumes at
     model = models.build("lenet", "synthetic")
-    cfg = engine.TrainConfig(epochs=3, batch_size=8, lr=0.02, seed=4)
+    cfg = engine.TrainConfig(epochs=3, batch_size=8, lr=0.02, seed=4, **knobs)
     whole = engine.train(model, synthetic, cfg)
     _, resumed = interrupted_then_resumed(model, synthetic, cfg, tmp_path)
     assert resumed.status == "completed"

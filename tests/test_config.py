@@ -205,7 +205,8 @@ SETTINGS = {"threads": "2", "interval": "8", "gate": "drop", "y0": "20", "y_min"
             "staleness_budget": "0.3", "loss_window": "10", "window": "4", "m0": "2",
             "tail_amplitude": "0.5", "nodes": "3", "sync_every": "4", "node_interval": "3",
             "node_gate": "drop", "interval_schedule": "decay", "threads_schedule": "window",
-            "lr_schedule": "inverse", "nesterov": None}  # None: a flag
+            "lr_schedule": "inverse", "nesterov": None,  # None: a flag
+            "lr_decay": "cosine", "lr_warmup": "0.1"}
 RUNS = [[], ["--momentum", "0"], ["--algo", "hogwild", "--threads", "2"],
         ["--algo", "interval", "--threads", "2"],
         *(["--algo", "interval", "--threads", "2", "--interval-schedule", schedule]

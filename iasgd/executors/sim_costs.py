@@ -52,7 +52,7 @@ def measure_step_times(model: Model, data: Dataset, batch_size: int,
                 t0 = time.perf_counter()
                 N.train_steps(Weights(params, velocity), ws.buffers,
                               Images(images, data.y_train, *model.image_transform),
-                              Steps(order, s % per_epoch, n, batch_size, plain_sgd(0.0, 0.0)),
+                              Steps(order, s % per_epoch, n, batch_size, plain_sgd(0.0, 0.0), 0),
                               losses)
                 if s:
                     out[s - 1] = time.perf_counter() - t0

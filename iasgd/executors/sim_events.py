@@ -405,7 +405,7 @@ class Simulation(WorkerArrays):
             if not all(math.isfinite(loss) for loss in losses):
                 self.stop_run(Status.DIVERGED)
                 break
-            W.apply_round(self.rule, self.shared, self.grads, active, 0, P,
+            W.apply_round(self.rule, self.shared, self.grads, active, int(self.state[G.DONE]), 0, P,
                           self.own[0].grad)
             for w, loss in enumerate(losses):
                 W.record_update(self.own[w], self.shared, 0, loss)

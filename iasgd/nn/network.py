@@ -103,6 +103,23 @@ def sgd_momentum_update(params, velocity, grad, lr, sgd):
         params[i] -= eta * v
 
 
+@jit_inline
+def scheduled_lr(sgd, update):
+    """The step size of the run's update number `update` (0-based) under
+    sgd's (an Sgd's) schedule: a linear warm-up over the first sgd.warmup
+    updates ((update + 1) / warmup of sgd.lr), then over the rest of the
+    sgd.planned updates sgd.decay: 0 constant, 1 cosine lr (1 + cos(pi x)) / 2,
+    2 linear lr (1 - x), x the fraction of them done (1 beyond the plan)."""
+    if update < sgd.warmup:
+        return sgd.lr * (update + 1) / sgd.warmup
+    if sgd.decay == 0:
+        return sgd.lr
+    x = min((update - sgd.warmup) / max(sgd.planned - sgd.warmup, 1), 1.0)
+    if sgd.decay == 1:
+        return sgd.lr * 0.5 * (1.0 + np.cos(np.pi * x))
+    return sgd.lr * (1.0 - x)
+
+
 @jit
 def all_finite(values):
     """True if no entry of the 1-d array is NaN or infinite."""
@@ -241,7 +258,8 @@ def train_steps(weights, buffers, data, steps, losses):
                                           steps.sgd.label_smoothing)
         if not np.isfinite(losses[s]):
             return s - steps.first
-        sgd_momentum_update(params, velocity, buffers.grad, steps.sgd.lr, steps.sgd)
+        lr = scheduled_lr(steps.sgd, steps.epoch_start + s)
+        sgd_momentum_update(params, velocity, buffers.grad, lr, steps.sgd)
     return steps.count
 
 

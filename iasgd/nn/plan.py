@@ -48,20 +48,25 @@ from iasgd.compiled import jit_inline
 # params, velocity: (P,) float32; grad: (P,); net: the network (Net below);
 # acts, dacts, argmax: the workspace; batch_labels: (b,) int64 scratch;
 # images (M, D) uint8 -> images * scale + shift; labels (M,) int64;
-# order: (M,) int64 permutation; first, count: the steps to run; sgd: an Sgd.
+# order: (M,) int64 permutation; first, count: the steps to run; sgd: an Sgd;
+# epoch_start: updates the run applied before this epoch's step 0.
 Weights = namedtuple("Weights", ["params", "velocity"])
 Buffers = namedtuple("Buffers", ["grad", "net", "acts", "dacts", "argmax", "batch_labels"])
 Images = namedtuple("Images", ["images", "labels", "scale", "shift"])
-Steps = namedtuple("Steps", ["order", "first", "count", "batch_size", "sgd"])
+Steps = namedtuple("Steps", ["order", "first", "count", "batch_size", "sgd", "epoch_start"])
 # A step's hyper-parameters, as torch.optim.SGD (dampening 0) and
 # nn.CrossEntropyLoss name them: lr, momentum, weight_decay (floats),
-# nesterov (bool), label_smoothing (float in [0, 1)).
-Sgd = namedtuple("Sgd", ["lr", "momentum", "weight_decay", "nesterov", "label_smoothing"])
+# nesterov (bool), label_smoothing (float in [0, 1)); and the step size's
+# schedule over the run (iasgd.nn.network.scheduled_lr): decay (int, the
+# position in iasgd.schedules.LR_DECAYS), warmup and planned (updates).
+Sgd = namedtuple("Sgd", ["lr", "momentum", "weight_decay", "nesterov", "label_smoothing",
+                         "decay", "warmup", "planned"])
 
 
 def plain_sgd(lr: float, momentum: float) -> Sgd:
-    """The paper's step: heavy ball, no weight decay, hard labels."""
-    return Sgd(float(lr), float(momentum), 0.0, False, 0.0)
+    """The paper's step: heavy ball, no weight decay, hard labels, one step
+    size throughout."""
+    return Sgd(float(lr), float(momentum), 0.0, False, 0.0, 0, 0, 0)
 # A network as the compiled code runs it: the int64 plan table, the table of
 # compiled ops its rows' P_FWD, P_DW and P_DX columns index (iasgd.nn.ops),
 # and `slice_size`: how many samples a pass runs on at most (the capacity of the

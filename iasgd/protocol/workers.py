@@ -195,9 +195,10 @@ def apply_step(gen, v_read, loss, rule, shared, own):
         return 0
     if rule.algo == ASYNC:
         G.lock(state)
-    tau = G.begin_apply(state) - v_read
+    v_now = G.begin_apply(state)  # the updates applied before this one
+    tau = v_now - v_read
     factors = shared.lr_factors
-    lr = rule.sgd.lr * factors[min(tau, factors.size - 1)]
+    lr = N.scheduled_lr(rule.sgd, v_now) * factors[min(tau, factors.size - 1)]
     N.sgd_momentum_update(shared.params, shared.velocity, own.grad, lr, rule.sgd)
     if rule.algo == ASYNC:
         G.unlock(state)
@@ -253,14 +254,15 @@ def round_gradient(rule, shared, inputs, own, grad):
 
 
 @jit_inline
-def apply_round(rule, shared, grads, active, lo, hi, out):
+def apply_round(rule, shared, grads, active, done, lo, hi, out):
     """Columns [lo, hi) of a sync round's update: their mean over the first
     `active` rows of grads (n, P) into out (hi - lo,), applied to the shared
-    parameters. `out` may be those columns of one of the rows: each column is
-    read before it is written."""
+    parameters with the step size of update `done` (the gradients applied
+    before this round). `out` may be those columns of one of the rows: each
+    column is read before it is written."""
     N.mean_rows(grads, active, lo, hi, out)
-    N.sgd_momentum_update(shared.params[lo:hi], shared.velocity[lo:hi], out, rule.sgd.lr,
-                          rule.sgd)
+    N.sgd_momentum_update(shared.params[lo:hi], shared.velocity[lo:hi], out,
+                          N.scheduled_lr(rule.sgd, done), rule.sgd)
 
 
 @jit_inline
@@ -306,7 +308,7 @@ def sync_worker(wid, parties, rule, shared, inputs, own, grads, sense):
             break  # cancelled as a whole: nobody applies this round
         # Columns [lo, hi) are this worker's alone: it may overwrite them in its
         # own row with the mean (the next round's backward rewrites the row).
-        apply_round(rule, shared, grads, active, lo, hi, grads[wid, lo:hi])
+        apply_round(rule, shared, grads, active, done, lo, hi, grads[wid, lo:hi])
         own.counters[SLICES] += 1
         if wid < active:
             record_update(own, shared, 0, loss)

@@ -3,6 +3,8 @@ gathering of a batch, and whole training steps against PyTorch's SGD."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -12,6 +14,7 @@ from reference import central_difference, softmax_xent
 from iasgd.nn import network as N
 from iasgd.nn import plan as P
 from iasgd.nn.blas import single_threaded_blas
+from iasgd.schedules import LR_DECAYS
 
 SHAPES = settings(max_examples=15, deadline=None)
 
@@ -58,7 +61,7 @@ def test_sgd_momentum_update_matches_formula(momentum, decay, nesterov, seed):
     d_p = g.astype(np.float64) + decay * p
     want_v = momentum * v + d_p
     want_p = p - 0.1 * (d_p + momentum * want_v if nesterov else want_v)
-    N.sgd_momentum_update(p, v, g, 0.1, P.Sgd(0.1, momentum, decay, nesterov, 0.0))
+    N.sgd_momentum_update(p, v, g, 0.1, P.Sgd(0.1, momentum, decay, nesterov, 0.0, 0, 0, 0))
     # float32 with fused multiply-add: agree to a few ulps
     np.testing.assert_allclose(v, want_v, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(p, want_p, rtol=1e-6, atol=1e-6)
@@ -87,16 +90,56 @@ def test_argmax_rows_takes_first_maximum():
     assert out.tolist() == [1, 0]
 
 
-RECIPE_SGD = P.Sgd(0.005, 0.9, 5e-3, True, 0.1)  # every knob beyond the paper's
+def reference_lr(lr: float, decay: str, warmup: int, planned: int, update: int) -> float:
+    """The documented schedule (docs/algorithms.md), in plain Python."""
+    if update < warmup:
+        return lr * (update + 1) / warmup
+    x = min((update - warmup) / max(planned - warmup, 1), 1.0)
+    return {"none": lr, "cosine": lr * (1 + math.cos(math.pi * x)) / 2,
+            "linear": lr * (1 - x)}[decay]
+
+
+@SHAPES
+@given(st.sampled_from(LR_DECAYS), st.integers(0, 50), st.integers(1, 400),
+       st.integers(0, 500), st.floats(1e-4, 1.0))
+def test_scheduled_lr_is_the_formula(decay, warmup, planned, update, lr):
+    sgd = P.Sgd(lr, 0.0, 0.0, False, 0.0, LR_DECAYS.index(decay), min(warmup, planned), planned)
+    want = reference_lr(lr, decay, min(warmup, planned), planned, update)
+    assert N.scheduled_lr(sgd, update) == pytest.approx(want, rel=1e-12, abs=1e-15)
+    assert 0 <= N.scheduled_lr(sgd, update) <= lr
+
+
+def test_the_default_schedule_is_the_step_size_itself():
+    sgd = P.plain_sgd(0.0123, 0.5)
+    assert all(N.scheduled_lr(sgd, u) == 0.0123 for u in (0, 1, 10**9))
+
+
+def torch_schedule(torch, opt, sgd: P.Sgd):
+    """sgd's schedule built from PyTorch's own schedulers: LinearLR from
+    1/W over the warm-up, then CosineAnnealingLR or LinearLR to 0."""
+    from torch.optim import lr_scheduler as L
+    rest = sgd.planned - sgd.warmup
+    after = (L.CosineAnnealingLR(opt, T_max=rest) if sgd.decay == 1
+             else L.LinearLR(opt, 1.0, 0.0, total_iters=rest) if sgd.decay == 2
+             else L.ConstantLR(opt, 1.0, total_iters=0))
+    if not sgd.warmup:
+        return after
+    warm = L.LinearLR(opt, 1 / sgd.warmup, 1.0, total_iters=sgd.warmup - 1)
+    return L.SequentialLR(opt, [warm, after], milestones=[sgd.warmup])
+
+
+RECIPE_SGD = P.Sgd(0.005, 0.9, 5e-3, True, 0.1, 1, 8, 40)  # every knob beyond the paper's
 
 
 @pytest.mark.parametrize(("preset", "sgd"), [("lenet", P.plain_sgd(0.005, 0.5)),
                                              ("vgg-small", P.plain_sgd(0.005, 0.5)),
-                                             ("lenet", RECIPE_SGD)])
+                                             ("lenet", RECIPE_SGD),
+                                             ("lenet", RECIPE_SGD._replace(decay=2))])
 def test_train_steps_match_pytorch_sgd(preset, sgd):
     """40 steps of LeNet-5 / vgg-small with momentum (and Nesterov, weight
-    decay and label smoothing), step by step against PyTorch's SGD and
-    cross-entropy on the same batches from the same initial parameters."""
+    decay, label smoothing and a warm-up then cosine or linear decay), step
+    by step against PyTorch's SGD, cross-entropy and schedulers on the same
+    batches from the same initial parameters."""
     torch = pytest.importorskip("torch")
     import sys
     from pathlib import Path
@@ -112,15 +155,22 @@ def test_train_steps_match_pytorch_sgd(preset, sgd):
     net = torch_net(m, params)
     opt = torch.optim.SGD(net.parameters(), lr=sgd.lr, momentum=sgd.momentum,
                           weight_decay=sgd.weight_decay, nesterov=sgd.nesterov)
+    schedule = torch_schedule(torch, opt, sgd)
     rng = np.random.default_rng(0)
     steps, b = 40, 16
     images = rng.integers(0, 256, (steps * b, 3, 32, 32), dtype=np.uint8)
     labels = rng.integers(0, 10, steps * b)
     ws = m.workspace(b)
+    # two "epochs" of 20 steps, each its own call over its own order; the
+    # second's schedule goes on from the 20 updates of the first
+    weights = P.Weights(params, np.zeros_like(params))
+    inputs = P.Images(images.reshape(steps * b, -1), labels, *m.image_transform)
+    half = steps // 2
     losses = np.zeros(steps)
-    N.train_steps(P.Weights(params, np.zeros_like(params)), ws.buffers,
-                  P.Images(images.reshape(steps * b, -1), labels, *m.image_transform),
-                  P.Steps(np.arange(steps * b), 0, steps, b, sgd), losses)
+    for epoch_start in (0, half):
+        order = np.arange(epoch_start * b, (epoch_start + half) * b)
+        N.train_steps(weights, ws.buffers, inputs, P.Steps(order, 0, half, b, sgd, epoch_start),
+                      losses[epoch_start:])
     for s in range(steps):
         batch = slice(s * b, (s + 1) * b)
         opt.zero_grad()
@@ -128,7 +178,9 @@ def test_train_steps_match_pytorch_sgd(preset, sgd):
                                                  torch.from_numpy(labels[batch]),
                                                  label_smoothing=sgd.label_smoothing)
         loss.backward()
+        assert opt.param_groups[0]["lr"] == pytest.approx(N.scheduled_lr(sgd, s), rel=1e-6)
         opt.step()
+        schedule.step()
         assert losses[s] == pytest.approx(loss.item(), abs=1e-5)
     # float32 sums in another order; seen: 1.5e-8 (lenet), 1.8e-7 (vgg-small)
     np.testing.assert_allclose(params, torch_flat_params(net), atol=1e-6)

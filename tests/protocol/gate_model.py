@@ -290,8 +290,12 @@ def _model_kernels(checker: Checker | None) -> types.SimpleNamespace:
     def copy_values(src, dst):
         dst[:] = src  # a ModelSnapshot reads the source element by element
 
+    def scheduled_lr(sgd, update):
+        return sgd.lr  # the model's write adds one, whatever the step size
+
     return types.SimpleNamespace(network_loss_and_grad=network_loss_and_grad,
                                  sgd_momentum_update=sgd_momentum_update,
+                                 scheduled_lr=scheduled_lr,
                                  copy_values=copy_values)
 
 

@@ -75,9 +75,11 @@ APPLY_BLOCK = (f"    {WRITE}"
                "    record_update(own, shared, tau, loss)\n")
 
 LOCKED_APPLY = ("    if rule.algo == ASYNC:\n        G.lock(state)\n"
-                "    tau = G.begin_apply(state) - v_read\n"
+                "    v_now = G.begin_apply(state)  # the updates applied before this one\n"
+                "    tau = v_now - v_read\n"
                 "    factors = shared.lr_factors\n"
-                "    lr = rule.sgd.lr * factors[min(tau, factors.size - 1)]\n" + APPLY_BLOCK)
+                "    lr = N.scheduled_lr(rule.sgd, v_now) * factors[min(tau, factors.size - 1)]\n"
+                + APPLY_BLOCK)
 
 
 @dataclass(frozen=True)

@@ -529,19 +529,24 @@ def _apply_one(gen, v_read, rule, shared, own):
 
 
 @jit
-def _apply_round(rule, shared, grads, out):
-    """A sync round's apply of all P columns, the mean of grads' rows."""
-    W.apply_round(rule, shared, grads, grads.shape[0], 0, shared.params.size, out)
+def _apply_round(rule, shared, grads, done, out):
+    """A sync round's apply of all P columns, the mean of grads' rows, after
+    `done` gradients."""
+    W.apply_round(rule, shared, grads, grads.shape[0], done, 0, shared.params.size, out)
 
 
 @pytest.mark.parametrize("algo", ["hogwild", "sync"])
 def test_a_workers_write_is_torchs_sgd_step_with_the_runs_knobs(tiny, algo):
     """apply_step (apply_round for sync) writes torch.optim.SGD's step
-    (dampening 0) with the run's momentum, Nesterov and weight decay: two
-    steps from a known velocity, against the documented formula in float64."""
+    (dampening 0) with the run's momentum, Nesterov, weight decay and the
+    scheduled step size of the updates applied before it: three steps from a
+    known velocity, against the documented formula in float64."""
     model, data = tiny
     cfg = engine.TrainConfig(algo=algo, threads=2, lr=0.1, momentum=0.9, nesterov=True,
-                             weight_decay=0.05, batch_size=4)
+                             weight_decay=0.05, batch_size=4, epochs=1, lr_decay="cosine",
+                             lr_warmup=0.01)
+    sgd = cfg.sgd(data.x_train.shape[0])
+    assert sgd.warmup >= 1 and sgd.decay == 1
     control = Controllers(cfg, 100, engine.RunResult(status="completed"))
     rng = np.random.default_rng(5)
     params = rng.standard_normal(model.num_params).astype(np.float32)
@@ -549,20 +554,22 @@ def test_a_workers_write_is_torchs_sgd_step_with_the_runs_knobs(tiny, algo):
     own = arrays.own[0]
     G.allow(arrays.state, 100)
     p, v = params.astype(np.float64), np.zeros(model.num_params)
-    for _ in range(2):
+    for done in (0, sgd.warmup, sgd.warmup + 7):  # in and after the warm-up
         grads = rng.standard_normal((2, model.num_params)).astype(np.float32)
         if algo == "sync":
-            _apply_round(arrays.rule, arrays.shared, grads, np.empty(model.num_params,
-                                                                     np.float32))
+            _apply_round(arrays.rule, arrays.shared, grads, done,
+                         np.empty(model.num_params, np.float32))
             g = grads.astype(np.float64).mean(axis=0)
         else:
             own.grad[:] = grads[0]
-            assert _apply_one(0, int(arrays.state[G.VERSION]), arrays.rule, arrays.shared,
-                              own) == 1
+            arrays.state[G.VERSION] = done
+            assert _apply_one(0, done, arrays.rule, arrays.shared, own) == 1
             g = grads[0].astype(np.float64)
+        lr = 0.1 * ((done + 1) / sgd.warmup if done < sgd.warmup else
+                    (1 + np.cos(np.pi * (done - sgd.warmup) / (sgd.planned - sgd.warmup))) / 2)
         d_p = g + 0.05 * p
         v = 0.9 * v + d_p
-        p = p - 0.1 * (d_p + 0.9 * v)
+        p = p - lr * (d_p + 0.9 * v)
     np.testing.assert_allclose(arrays.params, p, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(arrays.shared.velocity, v, rtol=1e-5, atol=1e-5)
 

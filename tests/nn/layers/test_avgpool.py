@@ -148,7 +148,8 @@ def test_training_steps_match_pytorch_sgd():
     losses = np.zeros(steps)
     network.train_steps(P.Weights(params, np.zeros_like(params)), model.workspace(b).buffers,
                         P.Images(images.reshape(steps * b, -1), labels, *model.image_transform),
-                        P.Steps(np.arange(steps * b), 0, steps, b, P.plain_sgd(0.01, 0.5)), losses)
+                        P.Steps(np.arange(steps * b), 0, steps, b, P.plain_sgd(0.01, 0.5), 0),
+                        losses)
     for s in range(steps):
         batch = slice(s * b, (s + 1) * b)
         opt.zero_grad()

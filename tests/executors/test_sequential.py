@@ -1,0 +1,27 @@
+"""The sequential runner's glue around train_steps (its arithmetic is
+tests/nn/test_network.py's, its resume tests/test_checkpoints.py's)."""
+
+from __future__ import annotations
+
+from iasgd import data as datasets
+from iasgd import engine
+from iasgd.executors import sequential
+from iasgd.nn import models
+
+
+def test_each_epochs_steps_go_on_from_the_updates_before_it(monkeypatch):
+    # the step size's schedule counts the run's updates, not the epoch's
+    data = datasets.synthetic(seed=0, n_train=200, n_test=50)
+    model = models.build("lenet", "synthetic")
+    cfg = engine.TrainConfig(epochs=3, batch_size=16, lr_decay="linear")
+    quota = engine.steps_per_epoch(200, 16)
+    seen = []
+    train_steps = sequential.N.train_steps
+
+    def recorded(weights, buffers, inputs, steps, losses):
+        if steps.count:
+            seen.append((steps.epoch_start, steps.sgd.planned))
+        return train_steps(weights, buffers, inputs, steps, losses)
+    monkeypatch.setattr(sequential.N, "train_steps", recorded)
+    engine.train(model, data, cfg)
+    assert sorted(set(seen)) == [(e * quota, 3 * quota) for e in range(3)]
