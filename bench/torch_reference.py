@@ -18,8 +18,9 @@ def torch_net(model: Model, params: np.ndarray) -> nn.Sequential:
     net = torch_module(model)
     tensors = model.tensors(params)
     with torch.no_grad():
-        for name, p in net.named_parameters():
-            p.copy_(torch.from_numpy(tensors[name]))
+        for name, p in [*net.named_parameters(), *net.named_buffers()]:  # buffers: batch norm's
+            if name in tensors:  # not its batch count
+                p.copy_(torch.from_numpy(tensors[name]))
     return net
 
 
@@ -30,5 +31,7 @@ def torch_inputs(images: np.ndarray) -> torch.Tensor:
 
 
 def torch_flat_params(net: nn.Module) -> np.ndarray:
-    """The parameters in iasgd's layout order (conv1.weight, conv1.bias, ...)."""
-    return np.concatenate([p.detach().numpy().ravel() for p in net.parameters()])
+    """The parameters in iasgd's layout order (conv1.weight, conv1.bias, ...,
+    then batch norm's running statistics)."""
+    return np.concatenate([p.detach().numpy().ravel()
+                           for p in [*net.parameters(), *net.buffers()] if p.is_floating_point()])

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from iasgd import options as O
 from iasgd import schedules as S
 from iasgd.algorithms import ALGORITHMS, POLICIES, VARIANTS
-from iasgd.nn.plan import Sgd
+from iasgd.nn.plan import ALL_TRAINED, Sgd
 from iasgd.options import Applies, option
 from iasgd.protocol import gate as G
 
@@ -238,13 +238,16 @@ class TrainConfig:
         """The updates the run's --epochs make on n_train samples."""
         return self.epochs * steps_per_epoch(n_train, self.batch_size)
 
-    def sgd(self, n_train: int) -> Sgd:
+    def sgd(self, n_train: int, trained: int = ALL_TRAINED) -> Sgd:
         """The step's hyper-parameters as the compiled code takes them, the
-        step size's schedule planned over --epochs of n_train samples."""
+        step size's schedule planned over --epochs of n_train samples, for a
+        model whose first `trained` parameters are trained (Model.num_trained;
+        running statistics follow)."""
         planned = self.planned_updates(n_train)
         return Sgd(float(self.lr), float(self.momentum), float(self.weight_decay),
                    bool(self.nesterov), float(self.label_smoothing),
-                   S.LR_DECAYS.index(self.lr_decay), round(self.lr_warmup * planned), planned)
+                   S.LR_DECAYS.index(self.lr_decay), round(self.lr_warmup * planned), planned,
+                   int(trained))
 
     def over_budget(self, seconds: float) -> bool:
         """`seconds` of training have spent the time budget."""

@@ -190,6 +190,7 @@ def save_weights(path: str | Path, model: Model, params: np.ndarray, *,
     # copies: independent contiguous tensors (views of one flat array would be
     # stored as one shared buffer by torch, and refused by safetensors)
     tensors = {name: np.ascontiguousarray(t).copy() for name, t in model.tensors(params).items()}
+    tensors |= torch_only_tensors(model)
     if suffix == ".pt":
         torch_ = _require("torch", f"writing {Path(path).name}")
         state = {name: torch_.from_numpy(t) for name, t in tensors.items()}
@@ -201,6 +202,13 @@ def save_weights(path: str | Path, model: Model, params: np.ndarray, *,
         _write(path, lambda f: f.write(data))
     else:
         _write(path, lambda f: np.savez(f, **tensors, **{NPZ_SPEC_KEY: np.array(json.dumps(meta))}))
+
+
+def torch_only_tensors(model: Model) -> dict[str, np.ndarray]:
+    """The tensors model's PyTorch modules hold and iasgd does not
+    (Kind.torch_only: batch norm's batch count), with their values."""
+    return {f"{ls.name}.{suffix}": np.array(value, np.int64) for ls in model.shapes
+            for suffix, value in kind_of(ls.layer).torch_only.items()}
 
 
 def _write(path: str | Path, write: Any) -> None:
@@ -329,7 +337,8 @@ def load_weights(path: str | Path, model: Model, *, check_spec: bool = True) -> 
         if not np.isfinite(t).all():
             raise ExportError(f"{path}: {name} holds NaN or infinite values")
         params[off:off + math.prod(shape)] = t.reshape(-1)  # casts to float32
-    extra = sorted(set(tensors) - {name for name, _, _ in model.layout})
+    extra = sorted(set(tensors) - {name for name, _, _ in model.layout}
+                   - set(torch_only_tensors(model)))
     if extra:
         raise ExportError(f"{path} has a tensor {extra[0]} that {model.spec} does not have")
     return params

@@ -143,3 +143,21 @@ def test_sequential_epoch_with_a_short_last_batch_matches_a_numpy_loop():
     np.testing.assert_allclose(result.params, params, rtol=1e-4, atol=1e-6)
     mean = sum(loss * n for loss, n in losses) / 40  # sample-weighted
     assert result.epochs[0].train_loss == pytest.approx(mean, rel=1e-5)
+
+
+@pytest.mark.parametrize("algo", ["sequential", "sync", "hogwild", "interval"])
+def test_every_executor_trains_a_batch_norm_net(synthetic, algo):
+    """The running statistics are updated by every worker's steps (they
+    leave their initial mean 0 and variance 1), never by SGD (they stay a
+    mean and a variance: the variances positive), and evaluation uses them."""
+    model = models.build("conv8k3s,bn,relu,pool,dense16,bn,relu,dense", "synthetic")
+    cfg = engine.TrainConfig(algo=algo, threads=1 if algo == "sequential" else 2, epochs=2,
+                             lr=0.05, momentum=0.9, weight_decay=5e-4, seed=2, batch_size=32)
+    result = engine.train(model, synthetic, cfg)
+    assert result.status == "completed"
+    stats = model.tensors(result.params)
+    for bn in ("bn1", "bn2"):
+        assert np.all(stats[f"{bn}.running_var"] > 0)
+        assert np.abs(stats[f"{bn}.running_mean"]).max() > 1e-3
+        assert np.abs(stats[f"{bn}.running_var"] - 1).max() > 1e-3
+    assert result.epochs[-1].test_accuracy > 0.5

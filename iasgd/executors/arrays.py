@@ -56,7 +56,7 @@ class WorkerArrays:
         self.losses = np.zeros((n, 1), np.float64)
         self.run_hist = np.zeros(HIST_BINS, np.int64)
         self.rule = W.StepRule(max(algo.code, 0), POLICIES[cfg.gate].code,
-                               cfg.sgd(data.x_train.shape[0]))
+                               cfg.sgd(data.x_train.shape[0], model.num_trained))
         self.shared = W.Shared(self.state, self.probe, self.params, self.velocity,
                                self.lr_factors, self.ring)
         images = data.x_train.reshape(data.x_train.shape[0], -1)

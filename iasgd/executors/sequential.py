@@ -95,7 +95,7 @@ class SequentialRun(ExecutorBase):
         n_train = self.images.shape[0]
         N.train_steps(self.weights, self.ws.buffers, self.inputs,
                       Steps(np.arange(n_train, dtype=np.int64), 0, 0, self.cfg.batch_size,
-                            self.cfg.sgd(n_train), 0), self.losses)
+                            self.cfg.sgd(n_train, self.model.num_trained), 0), self.losses)
 
     def start_run(self) -> None:
         precompile.load_kernels(self)
@@ -123,7 +123,7 @@ class SequentialRun(ExecutorBase):
             count = min(self.chunk, limit - self.applied_so_far())
             t0 = time.perf_counter()
             steps = Steps(self.order, self.step, count, cfg.batch_size,
-                          cfg.sgd(self.images.shape[0]), r.applied)
+                          cfg.sgd(self.images.shape[0], self.model.num_trained), r.applied)
             done = N.train_steps(self.weights, self.ws.buffers, self.inputs, steps, self.losses)
             dt = time.perf_counter() - t0
             self.epoch_time += dt

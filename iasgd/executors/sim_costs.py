@@ -70,7 +70,7 @@ def measure_sections(model: Model, repeats: int = 200) -> tuple[float, float]:
         t0 = time.perf_counter()
         local[:] = params
         t1 = time.perf_counter()
-        N.sgd_momentum_update(params, velocity, grad, 0.0, plain_sgd(0.0, 0.0))
+        N.sgd_momentum_update(params, velocity, grad, 0.0, plain_sgd(0.0, 0.0), 0)
         t2 = time.perf_counter()
         if i:
             copy[i - 1], write[i - 1] = t1 - t0, t2 - t1

@@ -116,7 +116,16 @@ class Kind:
     parameters; output: it may be the output layer; relu_before: a ReLU
     right before it is fused into its rows (its lowering applies
     `Lowering.fused_relu`); border(layer): the zero border it wants around
-    its input (a "same" conv's padding), which the row before it may write.
+    its input (a "same" conv's padding), which the row before it may write;
+    statistics: the suffixes of its tensors that are running statistics, not
+    trained (they follow every trained tensor in the flat array, and the
+    update moves them toward the batch's: iasgd.nn.network); initial:
+    constant initial values by tensor suffix (the others get PyTorch's
+    default uniform); whole_batch: its rows need the whole batch in one pass
+    (batch statistics), so a model with it never runs a batch in slices;
+    torch_only: tensors its PyTorch module holds and iasgd does not (batch
+    norm's batch count), by suffix: exports write them with these values
+    so that PyTorch loads them strictly, and loading ignores them.
     """
 
     name: str
@@ -133,6 +142,10 @@ class Kind:
     output: bool = False
     relu_before: bool = False
     border: Callable[[Any], int] = _no_border
+    statistics: tuple[str, ...] = ()
+    initial: Mapping[str, float] = field(default_factory=dict)
+    whole_batch: bool = False
+    torch_only: Mapping[str, int] = field(default_factory=dict)
     pattern: re.Pattern = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -188,7 +201,7 @@ class Lowering:
         return off
 
     def emit(self, op: RowOp, co: int, oh: int, ow: int, os_: int, z_off: int, *, k: int = 0,
-             woff: int = 0, boff: int = 0, aoff: int = 0, relu: int = 0,
+             woff: int = 0, boff: int = 0, aoff: int = 0, soff: int = 0, relu: int = 0,
              path: int = 0) -> list[int]:
         """A row of `op` from the current map to (co, oh, ow) with row stride
         os_ at z_off; returns it (its columns may still be set)."""
@@ -198,7 +211,7 @@ class Lowering:
         row[P.P_CO], row[P.P_OH], row[P.P_OW], row[P.P_OS] = co, oh, ow, os_
         row[P.P_XOFF], row[P.P_ZOFF], row[P.P_GRAD] = self.x_off, z_off, int(self.has_params)
         row[P.P_K], row[P.P_WOFF], row[P.P_BOFF], row[P.P_AOFF] = k, woff, boff, aoff
-        row[P.P_RELU], row[P.P_PATH] = relu, path
+        row[P.P_RELU], row[P.P_PATH], row[P.P_SOFF] = relu, path, soff
         self.rows.append(row)
         return row
 

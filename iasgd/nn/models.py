@@ -160,14 +160,25 @@ def layer_shapes(arch: Architecture) -> list[LayerShape]:
 
 
 def parameter_layout(arch: Architecture) -> list[tuple[str, tuple[int, ...], int]]:
-    """(name, shape, offset) of every tensor in the flat parameter array."""
+    """(name, shape, offset) of every tensor in the flat parameter array: the
+    trained tensors in layer order, then the running statistics (Kind.statistics)."""
+    tensors = [(name, shape, name.rsplit(".", 1)[1] in kind_of(ls.layer).statistics)
+               for ls in layer_shapes(arch) for name, shape in ls.params]
     layout: list[tuple[str, tuple[int, ...], int]] = []
     offset = 0
-    for ls in layer_shapes(arch):
-        for name, shape in ls.params:
-            layout.append((name, shape, offset))
-            offset += math.prod(shape)
+    for name, shape, _ in sorted(tensors, key=lambda t: t[2]):  # stable: layer order kept
+        layout.append((name, shape, offset))
+        offset += math.prod(shape)
     return layout
+
+
+def trained_size(arch: Architecture, layout: list) -> int:
+    """How many of the flat parameters are trained (those before the first
+    running statistic; all of them without one)."""
+    statistics = {name for ls in layer_shapes(arch) for name, _ in ls.params
+                  if name.rsplit(".", 1)[1] in kind_of(ls.layer).statistics}
+    return next((off for name, _, off in layout if name in statistics),
+                sum(math.prod(shape) for _, shape, _ in layout))
 
 
 # ------------------------------------------------------------------ lowering
@@ -202,6 +213,8 @@ SLICE_SAMPLES = 16
 def slice_size(arch: Architecture, layout: list, num_params: int, capacity: int) -> int:
     """How many samples of a batch of up to `capacity` run through the
     network at a time: all of them or SLICE_SAMPLES (the rule above)."""
+    if any(kind_of(layer).whole_batch for layer in arch.layers):
+        return capacity
     one, two = (lower(arch, layout, n).acts_size for n in (1, 2))
     batch_bytes = 8 * (two - one) * capacity  # activations and their gradients
     if capacity > SLICE_SAMPLES and batch_bytes > L2_BYTES and 8 * num_params <= L2_BYTES:
@@ -302,6 +315,7 @@ class Model:
         self.layout = parameter_layout(arch)
         _, last_shape, last_off = self.layout[-1]
         self.num_params = last_off + math.prod(last_shape)
+        self.num_trained = trained_size(arch, self.layout)  # running statistics follow
         self._eval_ws: Workspace | None = None
 
     @property
@@ -352,16 +366,22 @@ class Model:
 
         Weights and biases ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)), which is what
         torch.nn.Conv2d/Linear do (Kaiming-uniform with a = sqrt(5)). The paper's
-        N(0, 0.01) leaves LeNet-5 stuck at loss ln(10) for epochs.
+        N(0, 0.01) leaves LeNet-5 stuck at loss ln(10) for epochs. Tensors a
+        kind starts at a constant (Kind.initial: batch norm's) take it.
         """
         rng = np.random.default_rng(seed)
         params = np.empty(self.num_params, np.float32)
+        constants = {name: kind_of(ls.layer).initial.get(name.rsplit(".", 1)[1])
+                     for ls in self.shapes for name, _ in ls.params}
         fan_in = 1
         for name, shape, off in self.layout:
+            size = math.prod(shape)
+            if constants[name] is not None:  # batch norm's: 1, 0, mean 0, variance 1
+                params[off:off + size] = constants[name]
+                continue
             if name.endswith(".weight"):
                 fan_in = math.prod(shape[1:])
             bound = 1.0 / math.sqrt(fan_in)
-            size = math.prod(shape)
             params[off:off + size] = rng.uniform(-bound, bound, size)
         return params
 
@@ -413,7 +433,7 @@ class Model:
             rows = x2[start:start + ws.slice_size]
             n = rows.shape[0]
             self._load_inputs(rows, ws)
-            network.network_forward(params, ws.net, ws.acts, ws.argmax, n)
+            network.network_forward(params, ws.grad[:0], ws.net, ws.acts, ws.argmax, n)
             out[start:start + n] = ws.acts[off:off + n * width].reshape(n, width)
         return out
 

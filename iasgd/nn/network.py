@@ -79,28 +79,43 @@ def argmax_rows(scores, out):
 # ---------------------------------------------------------------- optimiser
 
 
+# Running statistics move this fraction of the way to their batch's values
+# at every update (PyTorch's BatchNorm momentum default).
+STATISTICS_MOMENTUM = 0.1
+
+
 @jit_inline
-def sgd_momentum_update(params, velocity, grad, lr, sgd):
-    """torch.optim.SGD's step (dampening 0) with step size `lr` and sgd's
-    (an Sgd's) other knobs: g = grad + weight_decay * params;
-    v = momentum * v + g; params -= lr * (g + momentum * v if nesterov else v).
+def sgd_momentum_update(params, velocity, grad, lr, sgd, first):
+    """One update of parameters [first, first + params.size) of the model's
+    flat arrays (params, velocity, grad are those entries).
+
+    The trained ones (below sgd.trained) take torch.optim.SGD's step
+    (dampening 0) with step size `lr` and sgd's (an Sgd's) other knobs:
+    g = grad + weight_decay * params; v = momentum * v + g;
+    params -= lr * (g + momentum * v if nesterov else v). The running
+    statistics after them (batch norm's), for which the gradient holds the
+    batch's statistics, move STATISTICS_MOMENTUM of the way to those.
     """
+    t = min(max(sgd.trained - first, 0), params.size)
     mu = params.dtype.type(sgd.momentum)
     eta = params.dtype.type(lr)
     if sgd.weight_decay == 0.0 and not sgd.nesterov:  # the paper's heavy ball
-        for i in range(params.size):
+        for i in range(t):
             v = mu * velocity[i] + grad[i]
             velocity[i] = v
             params[i] -= eta * v
-        return
-    decay = params.dtype.type(sgd.weight_decay)
-    for i in range(params.size):
-        g = grad[i] + decay * params[i]
-        v = mu * velocity[i] + g
-        velocity[i] = v
-        if sgd.nesterov:
-            v = g + mu * v
-        params[i] -= eta * v
+    else:
+        decay = params.dtype.type(sgd.weight_decay)
+        for i in range(t):
+            g = grad[i] + decay * params[i]
+            v = mu * velocity[i] + g
+            velocity[i] = v
+            if sgd.nesterov:
+                v = g + mu * v
+            params[i] -= eta * v
+    m = params.dtype.type(STATISTICS_MOMENTUM)
+    for i in range(t, params.size):
+        params[i] += m * (grad[i] - params[i])
 
 
 @jit_inline
@@ -175,17 +190,21 @@ def affine_copy(src, scale, shift, dst):
 
 
 @jit_inline
-def network_forward(params, net, acts, argmax, n):
+def network_forward(params, grad, net, acts, argmax, n):
     """Forward pass of n <= net.slice_size samples whose input already sits in
     acts[: n * D].
 
     net: a Net (the plan table and its ops). Runs the plan's rows in order,
     writing every activation into `acts` (and pooling indices into `argmax`)
     at the plan's offsets; the logits are the last row's (a dense op's) output.
+    grad: the gradient (params' size) of a training pass, whose batch-norm
+    rows normalise by the batch's statistics and keep them there for the
+    update; any shorter array (prediction) normalises by the running ones.
+    The forward ops touch no other entry of grad, and not dacts.
     """
     plan = net.plan
-    for i in range(plan.shape[0]):  # forward ops touch neither grad nor dacts
-        net.ops[plan[i, P_FWD]](params, acts, plan, i, acts, acts, argmax, n)
+    for i in range(plan.shape[0]):
+        net.ops[plan[i, P_FWD]](params, grad, plan, i, acts, acts, argmax, n)
 
 
 @jit_inline
@@ -217,7 +236,7 @@ def network_loss_and_grad(params, grad, net, acts, dacts, argmax, labels, smooth
             for i in range(start * D, (start + m) * D):
                 acts[i - start * D] = acts[i]
         into = grad if start == 0 else part
-        network_forward(params, net, acts, argmax, m)
+        network_forward(params, into, net, acts, argmax, m)
         logits = view2(acts, last[P_ZOFF], m, last[P_CO])
         dlogits = view2(dacts, last[P_ZOFF], m, last[P_CO])
         loss += softmax_cross_entropy(logits, labels[start:start + m], dlogits, n, smoothing)
@@ -259,7 +278,7 @@ def train_steps(weights, buffers, data, steps, losses):
         if not np.isfinite(losses[s]):
             return s - steps.first
         lr = scheduled_lr(steps.sgd, steps.epoch_start + s)
-        sgd_momentum_update(params, velocity, buffers.grad, lr, steps.sgd)
+        sgd_momentum_update(params, velocity, buffers.grad, lr, steps.sgd, 0)
     return steps.count
 
 
@@ -272,6 +291,6 @@ def predict_images(params, net, acts, argmax, images, scale, shift, out):
     for start in range(0, M, net.slice_size):
         n = min(net.slice_size, M - start)
         affine_copy(images[start:start + n], scale, shift, view2(acts, 0, n, D))
-        network_forward(params, net, acts, argmax, n)
+        network_forward(params, acts[:0], net, acts, argmax, n)
         argmax_rows(view2(acts, last[P_ZOFF], n, last[P_CO]), out[start:start + n])
 

@@ -58,15 +58,19 @@ Steps = namedtuple("Steps", ["order", "first", "count", "batch_size", "sgd", "ep
 # nn.CrossEntropyLoss name them: lr, momentum, weight_decay (floats),
 # nesterov (bool), label_smoothing (float in [0, 1)); and the step size's
 # schedule over the run (iasgd.nn.network.scheduled_lr): decay (int, the
-# position in iasgd.schedules.LR_DECAYS), warmup and planned (updates).
+# position in iasgd.schedules.LR_DECAYS), warmup and planned (updates); and
+# trained: the parameters [0, trained) are trained, the rest are running
+# statistics (batch norm's), which follow their batches' instead
+# (iasgd.nn.network.sgd_momentum_update).
 Sgd = namedtuple("Sgd", ["lr", "momentum", "weight_decay", "nesterov", "label_smoothing",
-                         "decay", "warmup", "planned"])
+                         "decay", "warmup", "planned", "trained"])
+ALL_TRAINED = 1 << 62  # Sgd.trained of a model without running statistics
 
 
-def plain_sgd(lr: float, momentum: float) -> Sgd:
+def plain_sgd(lr: float, momentum: float, trained: int = ALL_TRAINED) -> Sgd:
     """The paper's step: heavy ball, no weight decay, hard labels, one step
     size throughout."""
-    return Sgd(float(lr), float(momentum), 0.0, False, 0.0, 0, 0, 0)
+    return Sgd(float(lr), float(momentum), 0.0, False, 0.0, 0, 0, 0, int(trained))
 # A network as the compiled code runs it: the int64 plan table, the table of
 # compiled ops its rows' P_FWD, P_DW and P_DX columns index (iasgd.nn.ops),
 # and `slice_size`: how many samples a pass runs on at most (the capacity of the
@@ -83,12 +87,12 @@ Net = namedtuple("Net", ["plan", "ops", "slice_size"])
 # its backward stops at its own weights; PATH: how a conv runs its passes
 # (GEMM or explicit-vector bits, iasgd.nn.layers.conv); COFF: where the
 # per-sample scratch of those paths starts in acts (forward) and dacts
-# (backward). FWD, DW, DX: the positions in the op table (Net.ops) of the
-# row's forward, weight-gradient and input-gradient functions (iasgd.nn.ops
-# fills them in).
+# (backward); SOFF: running statistics in the parameters (batch norm).
+# FWD, DW, DX: the positions in the op table (Net.ops) of the row's forward,
+# weight-gradient and input-gradient functions (iasgd.nn.ops fills them in).
 (P_OP, P_C, P_H, P_W, P_S, P_CO, P_OH, P_OW, P_OS, P_K, P_XOFF, P_ZOFF, P_WOFF, P_BOFF,
- P_AOFF, P_RELU, P_GRAD, P_PATH, P_COFF, P_FWD, P_DW, P_DX) = range(22)
-PLAN_COLUMNS = 22
+ P_AOFF, P_RELU, P_GRAD, P_PATH, P_COFF, P_SOFF, P_FWD, P_DW, P_DX) = range(23)
+PLAN_COLUMNS = 23
 
 
 def nothing(params, grad, plan, i, acts, dacts, argmax, n):

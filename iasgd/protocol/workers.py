@@ -199,7 +199,7 @@ def apply_step(gen, v_read, loss, rule, shared, own):
     tau = v_now - v_read
     factors = shared.lr_factors
     lr = N.scheduled_lr(rule.sgd, v_now) * factors[min(tau, factors.size - 1)]
-    N.sgd_momentum_update(shared.params, shared.velocity, own.grad, lr, rule.sgd)
+    N.sgd_momentum_update(shared.params, shared.velocity, own.grad, lr, rule.sgd, 0)
     if rule.algo == ASYNC:
         G.unlock(state)
     elif interval:
@@ -262,7 +262,7 @@ def apply_round(rule, shared, grads, active, done, lo, hi, out):
     column is read before it is written."""
     N.mean_rows(grads, active, lo, hi, out)
     N.sgd_momentum_update(shared.params[lo:hi], shared.velocity[lo:hi], out,
-                          N.scheduled_lr(rule.sgd, done), rule.sgd)
+                          N.scheduled_lr(rule.sgd, done), rule.sgd, lo)
 
 
 @jit_inline

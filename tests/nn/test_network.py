@@ -61,10 +61,43 @@ def test_sgd_momentum_update_matches_formula(momentum, decay, nesterov, seed):
     d_p = g.astype(np.float64) + decay * p
     want_v = momentum * v + d_p
     want_p = p - 0.1 * (d_p + momentum * want_v if nesterov else want_v)
-    N.sgd_momentum_update(p, v, g, 0.1, P.Sgd(0.1, momentum, decay, nesterov, 0.0, 0, 0, 0))
+    N.sgd_momentum_update(p, v, g, 0.1, P.plain_sgd(0.1, momentum)._replace(
+        weight_decay=decay, nesterov=nesterov), 0)
     # float32 with fused multiply-add: agree to a few ulps
     np.testing.assert_allclose(v, want_v, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(p, want_p, rtol=1e-6, atol=1e-6)
+
+
+@SHAPES
+@given(st.integers(0, 50), st.integers(0, 50), st.integers(0, 50), st.booleans(),
+       st.integers(0, 2**31 - 1))
+def test_running_statistics_follow_their_batch_in_any_slice(trained, lo, hi, decay, seed):
+    """Entries from sgd.trained on are running statistics: they move
+    STATISTICS_MOMENTUM of the way to the gradient's (the batch's) values,
+    untouched by momentum, weight decay and the step size; the trained ones
+    take the step. Updating [lo, hi) as a slice of its own (a sync round's
+    share) gives the same entries as updating the whole arrays."""
+    lo, hi = min(lo, hi), max(lo, hi)
+    rng = np.random.default_rng(seed)
+    p, v, g = (rng.standard_normal(50).astype(np.float32) for _ in range(3))
+    sgd = P.plain_sgd(0.1, 0.9, trained)._replace(weight_decay=0.01 if decay else 0.0)
+    whole_p, whole_v = p.copy(), v.copy()
+    N.sgd_momentum_update(whole_p, whole_v, g, 0.1, sgd, 0)
+    stats = slice(min(trained, 50), 50)
+    m = np.float32(N.STATISTICS_MOMENTUM)
+    # float32, fused multiply-add: a few ulps
+    np.testing.assert_allclose(whole_p[stats], p[stats] + m * (g[stats] - p[stats]), rtol=1e-6,
+                               atol=1e-7)
+    np.testing.assert_array_equal(whole_v[stats], v[stats])
+    trained_part = P.plain_sgd(0.1, 0.9)._replace(weight_decay=sgd.weight_decay)
+    want_p, want_v = p[:trained].copy(), v[:trained].copy()
+    N.sgd_momentum_update(want_p, want_v, g[:trained], 0.1, trained_part, 0)
+    np.testing.assert_array_equal(whole_p[:trained], want_p)
+    np.testing.assert_array_equal(whole_v[:trained], want_v)
+    part_p, part_v = p[lo:hi].copy(), v[lo:hi].copy()
+    N.sgd_momentum_update(part_p, part_v, g[lo:hi], 0.1, sgd, lo)
+    np.testing.assert_array_equal(part_p, whole_p[lo:hi])
+    np.testing.assert_array_equal(part_v, whole_v[lo:hi])
 
 
 def test_gather_images_transforms_rows():
@@ -103,7 +136,8 @@ def reference_lr(lr: float, decay: str, warmup: int, planned: int, update: int) 
 @given(st.sampled_from(LR_DECAYS), st.integers(0, 50), st.integers(1, 400),
        st.integers(0, 500), st.floats(1e-4, 1.0))
 def test_scheduled_lr_is_the_formula(decay, warmup, planned, update, lr):
-    sgd = P.Sgd(lr, 0.0, 0.0, False, 0.0, LR_DECAYS.index(decay), min(warmup, planned), planned)
+    sgd = P.plain_sgd(lr, 0.0)._replace(decay=LR_DECAYS.index(decay), warmup=min(warmup, planned),
+                                       planned=planned)
     want = reference_lr(lr, decay, min(warmup, planned), planned, update)
     assert N.scheduled_lr(sgd, update) == pytest.approx(want, rel=1e-12, abs=1e-15)
     assert 0 <= N.scheduled_lr(sgd, update) <= lr
@@ -128,7 +162,8 @@ def torch_schedule(torch, opt, sgd: P.Sgd):
     return L.SequentialLR(opt, [warm, after], milestones=[sgd.warmup])
 
 
-RECIPE_SGD = P.Sgd(0.005, 0.9, 5e-3, True, 0.1, 1, 8, 40)  # every knob beyond the paper's
+# every knob beyond the paper's
+RECIPE_SGD = P.Sgd(0.005, 0.9, 5e-3, True, 0.1, 1, 8, 40, P.ALL_TRAINED)
 
 
 @pytest.mark.parametrize(("preset", "sgd"), [("lenet", P.plain_sgd(0.005, 0.5)),

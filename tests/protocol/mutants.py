@@ -65,7 +65,7 @@ TORCH_WRITE = ("        if fn is not None:\n            self._write(fn, scale_lr
 
 # apply_step's write and the gate steps around it, which the visibility
 # mutants reorder
-WRITE = "N.sgd_momentum_update(shared.params, shared.velocity, own.grad, lr, rule.sgd)\n"
+WRITE = "N.sgd_momentum_update(shared.params, shared.velocity, own.grad, lr, rule.sgd, 0)\n"
 APPLY_BLOCK = (f"    {WRITE}"
                "    if rule.algo == ASYNC:\n        G.unlock(state)\n    elif interval:\n"
                "        # read in interval gen, applied in it, within its y - 1\n"
@@ -190,7 +190,7 @@ MUTANTS = [
            "iasgd/protocol/workers.py",
            "    if not G.commit_step(state, gen, interval and rule.policy == G.DROP):\n",
            "    N.sgd_momentum_update(shared.params, shared.velocity, own.grad, rule.sgd.lr,\n"
-           "                          rule.sgd)\n"
+           "                          rule.sgd, 0)\n"
            "    if not G.commit_step(state, gen, interval and rule.policy == G.DROP):\n",
            VISIBILITY_TESTS),
     Mutant("monotonic-ordering",
