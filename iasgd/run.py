@@ -527,7 +527,9 @@ def _sgd_extras(cfg: TrainConfig) -> str:
     """The banner's words for the SGD knobs beyond the paper's, where set."""
     extras = [", nesterov" if cfg.nesterov else "",
               f", weight decay {cfg.weight_decay:g}" if cfg.weight_decay else "",
-              f", label smoothing {cfg.label_smoothing:g}" if cfg.label_smoothing else ""]
+              f", label smoothing {cfg.label_smoothing:g}" if cfg.label_smoothing else "",
+              f", warm-up {cfg.lr_warmup:.0%}" if cfg.lr_warmup else "",
+              f", {cfg.lr_decay} decay" if cfg.lr_decay != "none" else ""]
     return "".join(extras)
 
 

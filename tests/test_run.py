@@ -515,6 +515,16 @@ def test_the_first_line_says_how_y_is_set(argv, text):
     assert run.interval_text(run.train_config(args)) == text
 
 
+@pytest.mark.parametrize(("argv", "text"), [
+    ([], ""),
+    (["--momentum", "0.9", "--nesterov", "--weight-decay", "5e-4", "--label-smoothing", "0.1",
+      "--lr-warmup", "0.05", "--lr-decay", "cosine"],
+     ", nesterov, weight decay 0.0005, label smoothing 0.1, warm-up 5%, cosine decay"),
+])
+def test_the_first_line_names_the_sgd_knobs_that_are_set(argv, text):
+    assert run._sgd_extras(run.train_config(run.build_parser().parse_args(argv))) == text
+
+
 def test_help_defines_the_terms_it_uses(capsys):
     with pytest.raises(SystemExit):
         run.main(["--help"])
