@@ -41,6 +41,7 @@ from iasgd.executors import simulated as sim
 from iasgd.executors.threads import usable_cores
 from iasgd.nn import models
 from iasgd.options import Applies, UsageError, option
+from iasgd.recipes import RECIPES, with_recipe
 from iasgd.resume import default_checkpoint
 
 EXIT_USAGE = 2
@@ -76,13 +77,18 @@ class RunOptions:
     """The options of a run besides TrainConfig's, each declared with its
     command-line option (iasgd.options): field `a_b` is `--a-b`."""
 
+    recipe: str | None = option(
+        None, "; ".join(f"{name}: {r.help}" for name, r in RECIPES.items())
+        + " (it sets those options where the command line does not: iasgd/recipes.py)",
+        group=MODEL_AND_DATA, choices=RECIPES, default_text="none")
     dataset: str = option(
         "cifar10", f"training data: one of {', '.join(datasets.DATASETS)} (synthetic needs no "
                    "files), or your own .npz or HDF5 file of images and labels (docs/data.md)",
         group=MODEL_AND_DATA, metavar="DATASET", parse=lambda text: dataset_name(text))
     model: str = option(
         "lenet", "a preset: lenet (LeNet-5 as in the paper), mlp (dense layers with ReLU), "
-                 "vgg-small (two 3x3 conv blocks of 32 and 64 channels); or a layer spec such "
+                 "vgg-small (two 3x3 conv blocks of 32 and 64 channels), vgg-bn (three blocks "
+                 "of 32, 64 and 128 channels with batch norm); or a layer spec such "
                  "as conv32k3s,relu,pool,dense128,relu,dense (grammar: docs/models.md)",
         group=MODEL_AND_DATA, metavar="MODEL")
     hidden: tuple[int, ...] | None = option(
@@ -198,6 +204,8 @@ def command_line(argv: list[str]) -> tuple[TrainConfig, RunOptions, engine.Snaps
     given = given_options(argv)
     _check_command_line(args)
     values, snapshot = vars(args), None
+    if args.recipe and not args.resume:  # a resume has the recipe's values in its checkpoint
+        values = with_recipe(values, args.recipe, given)
     if args.resume:
         saved, snapshot = checkpoints.load(args.resume)
         if "model" in given:  # compared in the spelling the saved run recorded

@@ -3,6 +3,7 @@ stderr, exit code 2, before any work and without touching the output file."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -16,6 +17,8 @@ import numpy as np
 import pytest
 
 from iasgd import run
+from iasgd.config import TrainConfig
+from iasgd.recipes import RECIPES
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -581,3 +584,23 @@ def test_an_older_checkpoint_with_an_option_that_did_nothing_still_resumes(tmp_p
     assert run.main(["--resume", str(ckpt), "--epochs", "2", "--quiet"]) == 0
     resumed = json.loads(out.read_text())["config"]
     assert (resumed["interval"], resumed["gate"]) == (16, "wait")
+
+
+def test_a_recipe_sets_the_options_the_command_line_does_not():
+    cfg, opts, _ = run.command_line(["--recipe", "cifar10", "--epochs", "3", "--algo", "hogwild",
+                                     "--threads", "2", "--lr", "0.02"])
+    settings = RECIPES["cifar10"].settings
+    assert (opts.recipe, opts.model, opts.dataset) == ("cifar10", "vgg-bn", "cifar10")
+    assert (cfg.epochs, cfg.lr, cfg.algo, cfg.threads) == (3, 0.02, "hogwild", 2)  # given: kept
+    for name in ("batch_size", "momentum", "nesterov", "weight_decay", "lr_warmup", "lr_decay"):
+        assert getattr(cfg, name) == settings[name], name
+    plain, _, _ = run.command_line(["--epochs", "3"])
+    assert plain.batch_size != settings["batch_size"] and not plain.nesterov
+
+
+def test_every_recipe_names_options_that_exist_and_no_algorithm():
+    fields = {f.name for c in (TrainConfig, run.RunOptions) for f in dataclasses.fields(c)}
+    for name, recipe in RECIPES.items():
+        assert set(recipe.settings) <= fields, name
+        assert not set(recipe.settings) & {"algo", "variant", "threads"}, name
+        run.command_line(["--recipe", name])  # its values pass every check
