@@ -100,38 +100,52 @@ def gather_augmented(images, idx, codes, shape, scale, shift, x):
     images: (M, C*H*W) uint8; idx: (N,) rows; codes: (>= N, CODES) int64;
     shape: (C, H, W); x: (N, C*H*W) float32. With codes (0, 0, 0) a row is
     network.gather_images' bit for bit.
+
+    Unflipped, the output rows of a plane that have a source row are one
+    contiguous run of the source's values offset by dy * W + dx: they are
+    copied as one long loop (which LLVM vectorises, like the plain gather),
+    then the columns whose source lies left or right of the image are
+    padded. Flipped, each row is read backwards into place. Slices of the
+    arrays and unsigned indices keep the loops' indices provably
+    non-negative (numba's negative-index wraparound would stop LLVM from
+    vectorising them).
     """
     a = np.float32(scale)
     c = np.float32(shift)
     pad_value = np.float32(0) * a + c  # a uint8 0, transformed
     C, H, W = shape
+    HW = H * W
     for i in range(idx.size):
         src = images[idx[i]]
         dst = x[i]
         dy, dx, f = codes[i, 0], codes[i, 1], codes[i, 2]
-        # the output columns whose source column x' + dx lies in [0, W)
-        lo = max(0, dx) if f else max(0, -dx)
-        hi = min(W, W + dx) if f else min(W, W - dx)
-        lo = min(lo, W)  # a shift beyond the image (pad >= W): no source column
-        hi = max(hi, lo)
-        for ch in range(C):
-            for y in range(H):
-                out = (ch * H + y) * W
-                sy = y + dy
-                if sy < 0 or sy >= H:
-                    _fill(dst, out, out + W, pad_value)
-                    continue
-                _fill(dst, out, out + lo, pad_value)
-                _fill(dst, out + hi, out + W, pad_value)
-                row = (ch * H + sy) * W
-                if f:
-                    last = row + W - 1 + dx  # source of output column 0
-                    for k in range(lo, hi):
-                        dst[out + k] = src[last - k] * a + c
-                else:
-                    first = row + dx
-                    for k in range(lo, hi):
-                        dst[out + k] = src[first + k] * a + c
+        y0, y1 = max(0, -dy), min(H, H - dy)  # the output rows with a source row
+        lo, hi = max(0, -dx), min(W, W - dx)  # the columns with a source column
+        if y0 >= y1 or lo >= hi:  # shifted off the image (pad >= H or W)
+            _fill(dst, 0, C * HW, pad_value)
+            continue
+        first, last = y0 * W + lo, (y1 - 1) * W + hi  # the run, in a plane
+        offset = dy * W + dx
+        for p in range(0, C * HW, HW):
+            _fill(dst, p, p + y0 * W, pad_value)
+            _fill(dst, p + y1 * W, p + HW, pad_value)
+            if f:  # row by row, each read backwards: out column x is W-1-x's
+                m = hi - lo
+                for r in range(p + y0 * W, p + y1 * W, W):
+                    _fill(dst, r, r + W - hi, pad_value)
+                    _fill(dst, r + W - lo, r + W, pad_value)
+                    d = dst[r + W - hi:r + W - lo]
+                    s = src[r + lo + offset:r + hi + offset]
+                    for k in range(m):
+                        d[k] = s[np.uint64(m - 1 - k)] * a + c
+                continue
+            d = dst[p + first:p + last]
+            s = src[p + first + offset:p + last + offset]
+            for k in range(last - first):
+                d[k] = s[k] * a + c
+            for r in range(p + y0 * W, p + y1 * W, W):
+                _fill(dst, r, r + lo, pad_value)
+                _fill(dst, r + hi, r + W, pad_value)
 
 
 # ------------------------------------------------------- the bundle (Python)

@@ -149,7 +149,7 @@ def pad_crop_flip(image: np.ndarray, dy: int, dx: int, f: int) -> np.ndarray:
     """torchvision's RandomCrop(W, padding=p) then RandomHorizontalFlip() on a
     uint8 (C, H, W) image, for the crop whose top-left corner in the
     zero-padded image is (p + dy, p + dx) and flip f."""
-    C, H, W = image.shape
+    _, H, W = image.shape
     p = max(abs(dy), abs(dx))
     padded = np.pad(image, ((0, 0), (p, p), (p, p)))
     out = padded[:, p + dy:p + dy + H, p + dx:p + dx + W]
