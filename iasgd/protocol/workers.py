@@ -69,8 +69,7 @@ Inputs = Images
 # epoch; loss_sum: (1,) float64 sum of this epoch's applied losses; codes:
 # (b, augment.CODES) int64, the batch's augmentation codes (drawn with idx)
 Own = namedtuple("Own", ["local", "grad", "acts", "dacts", "argmax", "net", "batch_labels",
-                         "idx", "rng", "counters", "hist", "loss_sum", "codes"],
-                 defaults=[np.zeros((0, A.CODES), np.int64)])
+                         "idx", "rng", "counters", "hist", "loss_sum", "codes"])
 
 @jit_inline
 def draw_batch(idx, count, rng):
