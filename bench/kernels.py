@@ -22,7 +22,9 @@ table measured in one run).
 Then a per-op breakdown of each model and batch size: the time of every op
 of the plan, forward and backward, each run alone (the row's compiled ops,
 repeated inside compiled code) and the GFLOP/s of those with
-arithmetic. Then the time to the first training step of a fresh process,
+arithmetic, and the batch's gather: plain, and with --augment crop,flip
+(padding 4: the codes' draw and the augmented gather) and what that adds
+to the ops' time. Then the time to the first training step of a fresh process,
 with an empty numba cache and with a warm one, as bench/coldstart.py
 measures it (the run's own path: compiling in child processes).
 """
@@ -199,7 +201,44 @@ def op_breakdown(model: models.Model, batch: int, seconds: float = 0.05) -> list
     sliced = f" (in slices of {n})" if n < batch else ""
     lines.append(f"| {model.name} | {batch} | all ops{sliced} | {total[0] * 1e6:8.1f} | | "
                  f"{total[1] * 1e6:8.1f} | |")
+    # the batch's gather (its own row: not in "all ops"), plain and augmented
+    # (--augment crop,flip, padding 4: drawing the codes and the gather)
+    plain, augmented = gather_repeaters()
+    images, _ = bench_images(max(4 * batch, 256))
+    flat = images.reshape(images.shape[0], -1)
+    idx = rng.integers(0, flat.shape[0], batch)
+    scale, shift = model.image_transform
+    x = ws.acts[:batch * flat.shape[1]].reshape(batch, -1)
+    codes, stream = np.zeros((batch, 3), np.int64), np.array([1], np.uint64)
+    gather = timed(lambda r: plain(flat, idx, scale, shift, x, r)) * n / batch
+    shape = tuple(int(v) for v in model.input_shape)
+    crop_flip = timed(lambda r: augmented(flat, idx, codes, stream, shape, 4, scale, shift,
+                                          x, r)) * n / batch
+    step = total[0] + total[1]
+    lines.append(f"| {model.name} | {batch} | gather | {gather * 1e6:8.1f} | | | |")
+    lines.append(f"| {model.name} | {batch} | gather crop,flip pad 4, codes drawn "
+                 f"(+{(crop_flip - gather) / step:.1%} of all ops) | {crop_flip * 1e6:8.1f} "
+                 "| | | |")
     return lines
+
+
+def gather_repeaters() -> tuple[Callable[..., None], Callable[..., None]]:
+    """Compiled loops repeating a batch's plain gather, or its codes' draw
+    and augmented gather (crop and flip), as the training steps make them."""
+    from iasgd.nn import augment as A  # the parent's tree only
+
+    @numba.njit(nogil=True)
+    def plain(images, idx, scale, shift, x, reps):
+        for _ in range(reps):
+            K.gather_images(images, idx, scale, shift, x)
+
+    @numba.njit(nogil=True)
+    def augmented(images, idx, codes, rng, shape, pad, scale, shift, x, reps):
+        for _ in range(reps):
+            A.draw_codes(codes, idx.size, pad, True, rng)
+            A.gather_augmented(images, idx, codes, shape, scale, shift, x)
+
+    return plain, augmented
 
 
 def iasgd_runner(model: models.Model, batch: int, images: np.ndarray,

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from iasgd import options as O
 from iasgd import schedules as S
 from iasgd.algorithms import ALGORITHMS, POLICIES, VARIANTS
+from iasgd.nn.augment import AUGMENTS
 from iasgd.nn.plan import ALL_TRAINED, Sgd
 from iasgd.options import Applies, option
 from iasgd.protocol import gate as G
@@ -69,6 +70,8 @@ LOSS_READERS = Applies("{interval_schedule} probe, follow-loss or {threads_sched
                        or c.threads_schedule == "window")
 TAIL = Applies("{lr_schedule} tail", lambda c: c.lr_schedule == "tail")
 WITH_MOMENTUM = Applies("{momentum} > 0", lambda c: c.momentum > 0)
+CROP = Applies("{augment} crop or crop,flip",
+              lambda c: AUGMENTS.get(c.augment, (False, False))[0])
 # a node of a cluster counts its own updates, not the run's
 THIS_MACHINE = Applies("{backend} threads", lambda c: c.backend == "threads")
 RAY = Applies("{backend} ray", lambda c: c.backend == "ray")
@@ -120,6 +123,15 @@ class TrainConfig:
         0.0, "label smoothing eps in [0, 1) of the cross-entropy, as "
              "nn.CrossEntropyLoss's label_smoothing: the target is 1 - eps on the label plus "
              "eps / classes on every class", group=TRAINING, metavar="EPS", parse=O.below_one)
+    augment: str = option(
+        "none", "random augmentation of every training sample, as torchvision's "
+                "RandomCrop(W, padding=--crop-padding) then RandomHorizontalFlip() on the uint8 "
+                "image: crop (a random shift, zero padding), flip (mirrored with probability "
+                "1/2) or crop,flip (both); drawn from the run's random streams, so a seed fixes "
+                "them", group=TRAINING, choices=AUGMENTS)
+    crop_padding: int = option(
+        4, "the random crop's zero padding: the image shifts by up to N pixels each way",
+        group=TRAINING, metavar="N", parse=O.positive_int, applies=CROP)
     lr_decay: str = option(
         "none", "the step size over the run's planned updates (--epochs of them): none "
                 "(constant); cosine: lr (1 + cos(pi x)) / 2; linear: lr (1 - x); x the fraction "
@@ -259,14 +271,14 @@ class TrainConfig:
                    "backend": BACKENDS, "variant": {None: None, **VARIANTS},
                    "interval_schedule": S.INTERVAL_SCHEDULES,
                    "threads_schedule": S.THREAD_SCHEDULES, "lr_schedule": S.LR_SCHEDULES,
-                   "lr_decay": S.LR_DECAYS}
+                   "lr_decay": S.LR_DECAYS, "augment": AUGMENTS}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"unknown {{{name}}} {getattr(self, name)!r}; "
                                   f"choose from {', '.join(allowed)}")
         for name in ("batch_size", "epochs", "threads", "interval", "y_min", "decay_every",
                      "decay_by", "probe_offset", "probe_step", "probe_steps", "exec_steps",
-                     "window", "nodes", "sync_every", "node_interval"):
+                     "window", "nodes", "sync_every", "node_interval", "crop_padding"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"{{{name}}} must be >= 1, got {getattr(self, name)}")
         for name in ("eval_every", "seed"):

@@ -456,7 +456,8 @@ def simulate_and_report(cfg: TrainConfig, opts: RunOptions, model: models.Model,
                         init: np.ndarray | None = None) -> int:
     """--simulate: the run's staleness and loss from iasgd.executors.simulated; times simulated."""
     precompile.compile_ahead(model, cfg.algo, None, usable_cores())  # the layer ops
-    measured = sim.measure_step_times(model, data, cfg.batch_size)
+    measured = sim.measure_step_times(model, data, cfg.batch_size, augment=cfg.augment,
+                                      crop_padding=cfg.crop_padding)
     display.compiled()
     if opts.sim_step_spread is None:
         step_time, how = sim.measured_steps(measured), "measured single-thread step times"
@@ -537,7 +538,9 @@ def _sgd_extras(cfg: TrainConfig) -> str:
               f", weight decay {cfg.weight_decay:g}" if cfg.weight_decay else "",
               f", label smoothing {cfg.label_smoothing:g}" if cfg.label_smoothing else "",
               f", warm-up {cfg.lr_warmup:.0%}" if cfg.lr_warmup else "",
-              f", {cfg.lr_decay} decay" if cfg.lr_decay != "none" else ""]
+              f", {cfg.lr_decay} decay" if cfg.lr_decay != "none" else "",
+              f", augment {cfg.augment}" if cfg.augment != "none" else "",
+              f" (padding {cfg.crop_padding})" if "crop" in cfg.augment else ""]
     return "".join(extras)
 
 

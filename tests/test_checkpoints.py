@@ -77,11 +77,13 @@ def interrupted_then_resumed(model, data, cfg, tmp_path, epoch=2, monitor_second
 
 @pytest.mark.parametrize("knobs", [{}, {"lr_decay": "cosine", "lr_warmup": 0.2,
                                       "weight_decay": 1e-3, "nesterov": True,
-                                      "label_smoothing": 0.1}],
-                         ids=["paper", "scheduled"])
+                                      "label_smoothing": 0.1},
+                                   {"augment": "crop,flip", "crop_padding": 3}],
+                         ids=["paper", "scheduled", "augmented"])
 def test_sequential_resume_is_bit_identical(synthetic, tmp_path, knobs):
     # scheduled: stopped in epoch 2, mid-decay, the resume goes on with the
-    # step size of the update it resumes at
+    # step size of the update it resumes at; augmented: the resumed steps
+    # draw the codes the whole run drew at those steps
     model = models.build("lenet", "synthetic")
     cfg = engine.TrainConfig(epochs=3, batch_size=8, lr=0.02, seed=4, **knobs)
     whole = engine.train(model, synthetic, cfg)

@@ -206,8 +206,9 @@ SETTINGS = {"threads": "2", "interval": "8", "gate": "drop", "y0": "20", "y_min"
             "tail_amplitude": "0.5", "nodes": "3", "sync_every": "4", "node_interval": "3",
             "node_gate": "drop", "interval_schedule": "decay", "threads_schedule": "window",
             "lr_schedule": "inverse", "nesterov": None,  # None: a flag
-            "lr_decay": "cosine", "lr_warmup": "0.1"}
-RUNS = [[], ["--momentum", "0"], ["--algo", "hogwild", "--threads", "2"],
+            "lr_decay": "cosine", "lr_warmup": "0.1", "crop_padding": "2"}
+RUNS = [[], ["--momentum", "0"], ["--augment", "flip"], ["--augment", "crop"],
+        ["--augment", "crop,flip"], ["--algo", "hogwild", "--threads", "2"],
         ["--algo", "interval", "--threads", "2"],
         *(["--algo", "interval", "--threads", "2", "--interval-schedule", schedule]
           for schedule in ("decay", "probe", "follow-loss", "per-worker", "budget")),

@@ -15,6 +15,7 @@ from iasgd.algorithms import ALGORITHMS, POLICIES
 from iasgd.config import TrainConfig
 from iasgd.data import Dataset
 from iasgd.executors.base import EpochEnd, mean_loss
+from iasgd.nn.augment import image_inputs
 from iasgd.nn.models import Model
 from iasgd.protocol import gate as G
 from iasgd.protocol import workers as W
@@ -60,7 +61,8 @@ class WorkerArrays:
         self.shared = W.Shared(self.state, self.probe, self.params, self.velocity,
                                self.lr_factors, self.ring)
         images = data.x_train.reshape(data.x_train.shape[0], -1)
-        self.inputs = W.Inputs(images, data.y_train, *model.image_transform)
+        self.inputs = image_inputs(images, data.y_train, model.image_transform,
+                                   model.input_shape, cfg.augment, cfg.crop_padding)
         one = model.workspace(cfg.batch_size) if one_workspace else None
         self.own = [W.new_own(one if one is not None else model.workspace(cfg.batch_size),
                               self.local[w], self.counters[w], self.hist[w], self.losses[w],

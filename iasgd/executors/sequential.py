@@ -1,5 +1,7 @@
 """The sequential executor: plain mini-batch SGD with momentum on one thread,
-the training set reshuffled every epoch. Seeded and bit-reproducible; its
+the training set reshuffled every epoch (and, with --augment, each step's
+samples augmented with codes from a stream of the seed, the epoch and the
+step). Seeded and bit-reproducible; its
 snapshot holds the position inside the epoch, so an interrupted run
 resumes bit-identically.
 """
@@ -18,8 +20,9 @@ from iasgd.executors import precompile
 from iasgd.executors.base import EpochEnd, ExecutorBase, first_params
 from iasgd.executors.epochs import train_in_chunks
 from iasgd.nn import network as N
+from iasgd.nn.augment import image_inputs
 from iasgd.nn.models import Model
-from iasgd.nn.plan import Images, Steps, Weights
+from iasgd.nn.plan import Steps, Weights
 from iasgd.results import Hooks, Live, RunResult, Snapshot, Status, mean_step_loss, result_meta
 
 # A chunk of steps is one compiled call; between chunks Python updates the
@@ -30,6 +33,12 @@ CHUNK_SECONDS = 0.1
 def shuffle_streams(seed: int) -> np.random.Generator:
     """The shuffling stream of a run, independent of the init stream."""
     return np.random.default_rng(np.random.SeedSequence([seed, 1]))
+
+
+def augment_seed(seed: int, epoch: int) -> np.uint64:
+    """The seed of epoch `epoch`'s augmentation codes (iasgd.nn.augment.seed_step
+    takes each step's stream from it), independent of the other streams."""
+    return np.random.SeedSequence([seed, 3, epoch]).generate_state(1, np.uint64)[0]
 
 
 class SequentialRun(ExecutorBase):
@@ -67,7 +76,8 @@ class SequentialRun(ExecutorBase):
             self.restore_totals(meta["result"], a["params"], a["staleness_hist"])
         r = self.result
         self.weights = Weights(r.params, self.velocity)
-        self.inputs = Images(self.images, data.y_train, *model.image_transform)
+        self.inputs = image_inputs(self.images, data.y_train, model.image_transform,
+                                   model.input_shape, cfg.augment, cfg.crop_padding)
 
     def resume_arrays(self, in_epoch: bool) -> dict[str, ArraySpec]:
         """The shape and dtype of each array a resume takes from a snapshot;
@@ -123,7 +133,8 @@ class SequentialRun(ExecutorBase):
             count = min(self.chunk, limit - self.applied_so_far())
             t0 = time.perf_counter()
             steps = Steps(self.order, self.step, count, cfg.batch_size,
-                          cfg.sgd(self.images.shape[0], self.model.num_trained), r.applied)
+                          cfg.sgd(self.images.shape[0], self.model.num_trained), r.applied,
+                          augment_seed(cfg.seed, self.epoch))
             done = N.train_steps(self.weights, self.ws.buffers, self.inputs, steps, self.losses)
             dt = time.perf_counter() - t0
             self.epoch_time += dt

@@ -16,9 +16,10 @@ import numpy as np
 
 from iasgd.data import Dataset
 from iasgd.nn import network as N
+from iasgd.nn.augment import image_inputs
 from iasgd.nn.blas import single_threaded_blas
 from iasgd.nn.models import Model
-from iasgd.nn.plan import Images, Steps, Weights, plain_sgd
+from iasgd.nn.plan import Steps, Weights, plain_sgd
 
 
 def lognormal_steps(mean_s: float, spread: float) -> Callable[[np.random.Generator], float]:
@@ -33,11 +34,13 @@ def measured_steps(samples: np.ndarray) -> Callable[[np.random.Generator], float
 
 
 def measure_step_times(model: Model, data: Dataset, batch_size: int,
-                       steps: int = 200) -> np.ndarray:
-    """Durations (s) of `steps` real single-thread training steps, after
-    warm-up, less what a call from Python costs (typing and unboxing its
-    arguments, the median of as many calls of no step): real workers run
-    their steps inside one compiled loop and never pay it."""
+                       steps: int = 200, augment: str = "none",
+                       crop_padding: int = 4) -> np.ndarray:
+    """Durations (s) of `steps` real single-thread training steps (their
+    batches augmented as --augment and --crop-padding say), after warm-up,
+    less what a call from Python costs (typing and unboxing its arguments,
+    the median of as many calls of no step): real workers run their steps
+    inside one compiled loop and never pay it."""
     ws = model.workspace(batch_size)
     params = model.init(0)
     velocity = np.zeros_like(params)
@@ -51,7 +54,8 @@ def measure_step_times(model: Model, data: Dataset, batch_size: int,
             for n, out in ((1, times), (0, calls)):
                 t0 = time.perf_counter()
                 N.train_steps(Weights(params, velocity), ws.buffers,
-                              Images(images, data.y_train, *model.image_transform),
+                              image_inputs(images, data.y_train, model.image_transform,
+                                           model.input_shape, augment, crop_padding),
                               Steps(order, s % per_epoch, n, batch_size, plain_sgd(0.0, 0.0), 0),
                               losses)
                 if s:

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from iasgd.data.registry import DATASETS
-from iasgd.nn import layers, network, ops
+from iasgd.nn import augment, layers, network, ops
 from iasgd.nn.kinds import LayerShape, Lowering, Sizing
 from iasgd.nn.layers import kind_of
 from iasgd.nn.layers.conv import Conv
@@ -293,6 +293,8 @@ class Workspace:
         self.argmax = np.zeros(lowered.argmax_size, np.int32)
         self.grad = np.zeros(num_params if backward else 1, np.float32)
         self.labels = np.zeros(capacity, np.int64)
+        self.codes = np.zeros((capacity, augment.CODES), np.int64)  # a batch's augmentation
+        self.aug_rng = np.zeros(1, np.uint64)
 
     def __getstate__(self) -> dict:
         # compiled ops do not pickle (a Model travels to Ray's node actors
@@ -306,7 +308,8 @@ class Workspace:
     @property
     def buffers(self) -> Buffers:
         """These buffers as network.train_steps takes them."""
-        return Buffers(self.grad, self.net, self.acts, self.dacts, self.argmax, self.labels)
+        return Buffers(self.grad, self.net, self.acts, self.dacts, self.argmax, self.labels,
+                       self.codes, self.aug_rng)
 
 
 class Model:

@@ -17,6 +17,7 @@ import numpy as np
 
 from iasgd.compiled import jit_fastmath as jit
 from iasgd.compiled import jit_inline
+from iasgd.nn import augment as A
 from iasgd.nn.plan import P_C, P_CO, P_DW, P_DX, P_FWD, P_H, P_S, P_ZOFF, view2
 
 # -------------------------------------------------------------------- loss
@@ -256,7 +257,9 @@ def train_steps(weights, buffers, data, steps, losses):
     step's update is not applied: the run has diverged).
 
     Step s (from steps.first) trains on images[order[s*b : (s+1)*b]] (the
-    last batch of an epoch may be shorter); losses[s] receives its loss. The
+    last batch of an epoch may be shorter), augmented as data says with the
+    codes of step s's stream (iasgd.nn.augment.seed_step from
+    steps.aug_seed); losses[s] receives its loss. The
     bundles (Weights, Buffers, Images, Steps) are described in iasgd.nn.plan.
     """
     params, velocity = weights.params, weights.velocity
@@ -268,7 +271,13 @@ def train_steps(weights, buffers, data, steps, losses):
         start = s * b
         n = min(b, total - start)
         idx = order[start:start + n]
-        gather_images(data.images, idx, data.scale, data.shift, view2(acts, 0, n, D))
+        if A.augmenting(data):  # step s's codes from its own stream (a resume draws them again)
+            A.seed_step(buffers.aug_rng, steps.aug_seed, s)
+            A.draw_codes(buffers.codes, n, data.pad, data.flip, buffers.aug_rng)
+            A.gather_augmented(data.images, idx, buffers.codes, data.shape, data.scale,
+                               data.shift, view2(acts, 0, n, D))
+        else:
+            gather_images(data.images, idx, data.scale, data.shift, view2(acts, 0, n, D))
         bl = bl_all[:n]
         for i in range(n):
             bl[i] = data.labels[idx[i]]

@@ -42,18 +42,29 @@ from __future__ import annotations
 
 from collections import namedtuple
 
+import numpy as np
+
 from iasgd.compiled import jit_inline
 
 # train_steps' arguments in bundles (named tuples, which numba passes as one):
 # params, velocity: (P,) float32; grad: (P,); net: the network (Net below);
 # acts, dacts, argmax: the workspace; batch_labels: (b,) int64 scratch;
+# codes: (b, 3) int64 scratch of a batch's augmentation codes, aug_rng: (1,)
+# uint64 scratch of a step's augmentation stream (iasgd.nn.augment);
 # images (M, D) uint8 -> images * scale + shift; labels (M,) int64;
+# shape: (C, H, W) of an image (D = C*H*W), pad: the random crop's padding
+# (0: no crop), flip: random horizontal flips (iasgd.nn.augment; the
+# defaults: no augmentation);
 # order: (M,) int64 permutation; first, count: the steps to run; sgd: an Sgd;
-# epoch_start: updates the run applied before this epoch's step 0.
+# epoch_start: updates the run applied before this epoch's step 0; aug_seed:
+# (uint64) this epoch's augmentation seed (augment.seed_step).
 Weights = namedtuple("Weights", ["params", "velocity"])
-Buffers = namedtuple("Buffers", ["grad", "net", "acts", "dacts", "argmax", "batch_labels"])
-Images = namedtuple("Images", ["images", "labels", "scale", "shift"])
-Steps = namedtuple("Steps", ["order", "first", "count", "batch_size", "sgd", "epoch_start"])
+Buffers = namedtuple("Buffers", ["grad", "net", "acts", "dacts", "argmax", "batch_labels",
+                                 "codes", "aug_rng"])
+Images = namedtuple("Images", ["images", "labels", "scale", "shift", "shape", "pad", "flip"],
+                    defaults=[(0, 0, 0), 0, False])
+Steps = namedtuple("Steps", ["order", "first", "count", "batch_size", "sgd", "epoch_start",
+                             "aug_seed"], defaults=[np.uint64(0)])
 # A step's hyper-parameters, as torch.optim.SGD (dampening 0) and
 # nn.CrossEntropyLoss name them: lr, momentum, weight_decay (floats),
 # nesterov (bool), label_smoothing (float in [0, 1)); and the step size's

@@ -29,7 +29,9 @@ from collections import namedtuple
 import numpy as np
 
 from iasgd.compiled import jit_fastmath, jit_inline
+from iasgd.nn import augment as A
 from iasgd.nn import network as N
+from iasgd.nn.augment import next_random
 from iasgd.nn.plan import Images, copy_values
 from iasgd.protocol import gate as G
 from iasgd.protocol.atomics import atomic_add, atomic_cas, atomic_load, monotonic_ns
@@ -57,31 +59,17 @@ StepRule = namedtuple("StepRule", ["algo", "policy", "sgd"])
 # state: the gate; probe: (8,) int64; params, velocity: (P,) float32;
 # lr_factors: (bins,) float32 step-size factor by tau; ring: the loss ring
 Shared = namedtuple("Shared", ["state", "probe", "params", "velocity", "lr_factors", "ring"])
-# images (M, D) uint8 -> images * scale + shift; labels (M,) int64
+# images (M, D) uint8 -> images * scale + shift; labels (M,) int64; the
+# augmentation: shape, pad, flip (iasgd.nn.plan.Images)
 Inputs = Images
 # local: (P,) a private copy of the parameters (async's snapshot; the
 # simulator's read); grad: (P,); acts, dacts, argmax, net (the kernels'
 # Net: plan and ops): the model's workspace; batch_labels, idx: (b,); rng: (1,) uint64 random
 # stream; counters: (COUNTER_COLUMNS,) int64; hist: (bins,) staleness of this
-# epoch; loss_sum: (1,) float64 sum of this epoch's applied losses
+# epoch; loss_sum: (1,) float64 sum of this epoch's applied losses; codes:
+# (b, augment.CODES) int64, the batch's augmentation codes (drawn with idx)
 Own = namedtuple("Own", ["local", "grad", "acts", "dacts", "argmax", "net", "batch_labels",
-                         "idx", "rng", "counters", "hist", "loss_sum"])
-
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_MIX1, _MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
-
-
-@jit_inline
-def next_random(rng):
-    """The next value of the splitmix64 stream whose state is rng[0]. Each
-    worker owns its stream, so its batches do not depend on which thread
-    (or simulator) draws them."""
-    rng[0] += _GOLDEN
-    z = rng[0]
-    z = (z ^ (z >> np.uint64(30))) * _MIX1
-    z = (z ^ (z >> np.uint64(27))) * _MIX2
-    return z ^ (z >> np.uint64(31))
-
+                         "idx", "rng", "counters", "hist", "loss_sum", "codes"])
 
 @jit_inline
 def draw_batch(idx, count, rng):
@@ -92,20 +80,34 @@ def draw_batch(idx, count, rng):
 
 
 @jit_inline
+def draw_step_batch(inputs, own):
+    """Draw a batch from own's stream: its indices into own.idx, then (when
+    inputs augment) each sample's augmentation code into own.codes."""
+    draw_batch(own.idx, inputs.images.shape[0], own.rng)
+    if A.augmenting(inputs):
+        A.draw_codes(own.codes, own.idx.size, inputs.pad, inputs.flip, own.rng)
+
+
+@jit_inline
 def gather_batch(inputs, own):
-    """The batch own.idx names: its inputs into the start of own.acts, its
-    labels into own.batch_labels."""
+    """The batch own.idx names: its inputs into the start of own.acts
+    (augmented with own.codes when inputs augment), its labels into
+    own.batch_labels."""
     n, D = own.idx.size, inputs.images.shape[1]
-    N.gather_images(inputs.images, own.idx, inputs.scale, inputs.shift,
-                    own.acts[:n * D].reshape((n, D)))
+    x = own.acts[:n * D].reshape((n, D))
+    if A.augmenting(inputs):
+        A.gather_augmented(inputs.images, own.idx, own.codes, inputs.shape, inputs.scale,
+                           inputs.shift, x)
+    else:
+        N.gather_images(inputs.images, own.idx, inputs.scale, inputs.shift, x)
     for i in range(n):
         own.batch_labels[i] = inputs.labels[own.idx[i]]
 
 
 @jit_inline
 def _load_batch(inputs, own):
-    """Draw a batch (its indices into own.idx) and gather it."""
-    draw_batch(own.idx, inputs.images.shape[0], own.rng)
+    """Draw a batch (draw_step_batch) and gather it."""
+    draw_step_batch(inputs, own)
     gather_batch(inputs, own)
 
 
@@ -147,10 +149,10 @@ def read_step(rule, shared, inputs, own, snapshot):
     under the lock; otherwise the step reads the shared array as it computes
     (Hogwild!). With `snapshot` (the simulator, whose workers share one
     workspace) every algorithm copies the parameters into own.local and
-    only the batch's indices are drawn: gather_batch fills the workspace
+    only the batch is drawn (its indices and codes): gather_batch fills the workspace
     right before compute_step."""
     if snapshot:
-        draw_batch(own.idx, inputs.images.shape[0], own.rng)
+        draw_step_batch(inputs, own)
     else:
         _load_batch(inputs, own)
     state = shared.state
@@ -332,7 +334,8 @@ def new_own(ws, local: np.ndarray, counters: np.ndarray, hist: np.ndarray,
     """One worker's bundle over a model workspace `ws` (iasgd.nn.models) and the
     given rows of the executor's per-worker arrays."""
     return Own(local, ws.grad, ws.acts, ws.dacts, ws.argmax, ws.net, ws.labels,
-               np.zeros(ws.capacity, np.int64), rng, counters, hist, loss_sum)
+               np.zeros(ws.capacity, np.int64), rng, counters, hist, loss_sum,
+               np.zeros((ws.capacity, A.CODES), np.int64))
 
 
 def stream_seed(seed: int, wid: int, segment: int) -> np.uint64:

@@ -275,6 +275,17 @@ def test_nodes_train_with_their_threads_and_exchange_in_one_process(algo, monkey
     assert np.all(np.isfinite(server.get_params()))
 
 
+def test_a_nodes_threads_augment_their_batches_as_configured():
+    """--augment reaches a cluster node's team (its workers draw and gather
+    as a threaded run's do: tests/nn/test_augment.py)."""
+    data = datasets.synthetic(seed=0, n_train=64, n_test=16)
+    model = models.build("lenet", "synthetic")
+    node = C.Node(1, model, data, config(augment="crop,flip", crop_padding=2, threads=2))
+    inputs = node.team.inputs
+    assert (inputs.shape, inputs.pad, inputs.flip) == ((3, 32, 32), 2, True)
+    assert all(own.codes.shape == (16, 3) for own in node.team.own)
+
+
 def test_a_node_still_holding_tickets_is_never_kept_waiting_for_more():
     """With overlap a node asks for more while it still holds unpushed
     tickets; if it waited for more at the end of an allowance, the allowance

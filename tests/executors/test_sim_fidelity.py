@@ -92,6 +92,25 @@ def test_one_simulated_worker_evaluates_like_one_thread():
     assert [e[1:] for e in simulated.evals] == [e[1:] for e in real.evals]
 
 
+@pytest.mark.parametrize("algo", ["hogwild", "sync"])
+def test_a_simulated_worker_draws_the_augmentation_of_a_thread(algo):
+    """With --augment the simulator draws each batch's codes from the
+    worker's stream as a real thread does (right after the batch): one
+    worker, the same parameters to the bit; and the augmentation did
+    change the run."""
+    data = datasets.synthetic(seed=2, n_train=160, n_test=20)
+    model = models.build("lenet", "synthetic")
+    cfg = engine.TrainConfig(algo=algo, threads=1, epochs=1, lr=0.02, seed=7,
+                             augment="crop,flip", crop_padding=3)
+    real = engine.train(model, data, cfg)
+    simulated = sim.simulate(model, data, cfg, constant_steps(0.001))
+    assert real.applied == simulated.applied == 10
+    assert simulated.params.tobytes() == real.params.tobytes()
+    plain = sim.simulate(model, data, dataclasses.replace(cfg, augment="none", crop_padding=4),
+                         constant_steps(0.001))
+    assert plain.params.tobytes() != real.params.tobytes()
+
+
 # ------------------------------------------------------------ the time budget
 
 

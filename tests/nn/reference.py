@@ -104,3 +104,53 @@ def central_difference(f: Callable[[np.ndarray], float], x: np.ndarray, index: i
     down = f(x)
     flat[index] = keep
     return (up - down) / (2 * eps)
+
+
+# ------------------------------------------------------------ augmentation
+
+MASK64 = (1 << 64) - 1
+GOLDEN = 0x9E3779B97F4A7C15
+
+
+def splitmix64(state: int) -> tuple[int, int]:
+    """The next (state, value) of the splitmix64 stream at `state`."""
+    state = (state + GOLDEN) & MASK64
+    z = state
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    return state, z ^ (z >> 31)
+
+
+def augment_codes(state: int, n: int, pad: int, flip: bool) -> tuple[int, np.ndarray]:
+    """The stream's state after, and the (n, 3) codes (dy, dx, f) drawn from
+    it as the module doc of iasgd.nn.augment says: dy, dx uniform in
+    [-pad, pad] (a draw each, when pad > 0), f the top bit of a draw (when
+    flip)."""
+    codes = np.zeros((n, 3), np.int64)
+    for i in range(n):
+        if pad > 0:
+            state, z = splitmix64(state)
+            codes[i, 0] = z % (2 * pad + 1) - pad
+            state, z = splitmix64(state)
+            codes[i, 1] = z % (2 * pad + 1) - pad
+        if flip:
+            state, z = splitmix64(state)
+            codes[i, 2] = z >> 63
+    return state, codes
+
+
+def step_stream(base: int, step: int) -> int:
+    """The first state of the sequential executor's step `step` stream from
+    the epoch's seed `base`."""
+    return splitmix64((base + GOLDEN * step) & MASK64)[1]
+
+
+def pad_crop_flip(image: np.ndarray, dy: int, dx: int, f: int) -> np.ndarray:
+    """torchvision's RandomCrop(W, padding=p) then RandomHorizontalFlip() on a
+    uint8 (C, H, W) image, for the crop whose top-left corner in the
+    zero-padded image is (p + dy, p + dx) and flip f."""
+    _, H, W = image.shape
+    p = max(abs(dy), abs(dx))
+    padded = np.pad(image, ((0, 0), (p, p), (p, p)))
+    out = padded[:, p + dy:p + dy + H, p + dx:p + dx + W]
+    return out[:, :, ::-1] if f else out

@@ -509,7 +509,7 @@ def _worker_args(state: np.ndarray, wid: int, sc: Scenario, shared_arrays: dict)
                       np.zeros(2, np.int64), np.zeros((0, 8), np.int64), np.zeros(1, np.int64),
                       np.zeros(1, np.int64), np.zeros(1, np.uint64),
                       np.zeros(workers.COUNTER_COLUMNS, np.int64), np.zeros(bins, np.int64),
-                      np.zeros(1))
+                      np.zeros(1), np.zeros((1, 3), np.int64))
     return wid, rule, shared, inputs, own
 
 
