@@ -128,7 +128,7 @@ class TrainConfig:
                 "RandomCrop(W, padding=--crop-padding) then RandomHorizontalFlip() on the uint8 "
                 "image: crop (a random shift, zero padding), flip (mirrored with probability "
                 "1/2) or crop,flip (both); drawn from the run's random streams, so a seed fixes "
-                "them", group=TRAINING, choices=AUGMENTS)
+                "them", group=TRAINING, choices=AUGMENTS, metavar="KIND")
     crop_padding: int = option(
         4, "the random crop's zero padding: the image shifts by up to N pixels each way",
         group=TRAINING, metavar="N", parse=O.positive_int, applies=CROP)

@@ -86,6 +86,13 @@ SIMD_MAX_FLOATS = 8192
 # output channels, from this many taps per output (4 input channels): below
 # it, on large maps, the direct kernel's long rows win.
 SIMD_WEIGHTS_MIN_TAPS = 100
+# A 3x3 conv whose output rows are narrower than NARROW_COLUMNS, from
+# NARROW_MIN_CHANNELS input channels on, runs its forward and weight
+# gradient as GEMMs too: the direct loops' rows are too short to vectorise
+# (vgg-bn's 64 -> 128 on 8x8: 40 GFLOP/s forward; its whole step went from
+# 829 to 1,195 samples/s at b = 64, bench/results/recipe-cifar10.md).
+NARROW_COLUMNS = 16
+NARROW_MIN_CHANNELS = 64
 
 
 def conv_paths(k: int, out: int, needs_input_grad: bool, out_width: int = 0,
@@ -100,7 +107,8 @@ def conv_paths(k: int, out: int, needs_input_grad: bool, out_width: int = 0,
     that fits in L1 beside a group of weights (SIMD_MAX_FLOATS), its weight
     gradient from SIMD_WEIGHTS_MIN_TAPS taps; a 3x3 conv's forward with
     whole blocks of SIMD3_CHANNELS output channels, a vector's width of
-    columns and two rows."""
+    columns and two rows; a 3x3 conv on narrow rows from many channels its
+    forward and weight gradient as GEMMs (NARROW_COLUMNS)."""
     if k not in (3, 5):
         return GEMM_ALL
     bits = 0
@@ -116,6 +124,8 @@ def conv_paths(k: int, out: int, needs_input_grad: bool, out_width: int = 0,
         bits |= SIMD_FORWARD
     if needs_input_grad and out >= GEMM_INPUT_MIN_CHANNELS:
         bits |= GEMM_INPUT
+    if k == 3 and out_width < NARROW_COLUMNS and channels >= NARROW_MIN_CHANNELS:
+        bits |= GEMM_FORWARD | GEMM_WEIGHTS
     return bits
 
 
