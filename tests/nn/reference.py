@@ -1,5 +1,6 @@
 """Slow, obviously-correct numpy/scipy references the compiled kernels are
-checked against, and a central finite-difference helper."""
+checked against, a central finite-difference helper, and the whole-model
+checks every layer kind's tests share (float64 finite differences, PyTorch)."""
 
 from __future__ import annotations
 
@@ -154,3 +155,52 @@ def pad_crop_flip(image: np.ndarray, dy: int, dx: int, f: int) -> np.ndarray:
     padded = np.pad(image, ((0, 0), (p, p), (p, p)))
     out = padded[:, p + dy:p + dy + H, p + dx:p + dx + W]
     return out[:, :, ::-1] if f else out
+
+
+# ----------------------------------------------------- whole-model checks
+
+
+def assert_gradient_matches_float64_differences(model, params: np.ndarray, x: np.ndarray,
+                                                y: np.ndarray, rng: np.random.Generator) -> None:
+    """model.loss_and_grad's float32 gradient of the trained tensors against
+    central differences of the network's own float64 specialisation (its ops
+    compiled for float64, through the op signature), 4 entries a tensor;
+    within 1e-4 of the difference (or of 1e-2). Running statistics are no
+    gradient (they hold the batch's statistics) and are skipped."""
+    from iasgd.nn import models, network, ops
+
+    _, grad = model.loss_and_grad(params, x, y)
+    ws = model.workspace(x.shape[0])
+    acts, dacts = np.zeros(ws.acts_size), np.zeros(ws.acts_size)
+    g64 = np.zeros(model.num_params)
+    net64 = ops.network(ws.plan, ws.slice_size, np.float64)
+
+    def loss64(p: np.ndarray) -> float:
+        acts[: x.size] = (x.ravel() - models.INPUT_MEAN) / models.INPUT_STD
+        return network.network_loss_and_grad(p, g64, net64, acts, dacts, ws.argmax, y, 0.0)
+
+    p64 = params.astype(np.float64)
+    for name, shape, off in model.layout:
+        if off >= model.num_trained:
+            continue
+        size = int(np.prod(shape))
+        for j in rng.choice(size, min(4, size), replace=False):
+            fd = central_difference(loss64, p64, off + j, eps=1e-6)
+            assert abs(fd - grad[off + j]) <= 1e-4 * max(abs(fd), 1e-2), name
+
+
+def torch_reference():
+    """torch and bench/torch_reference.py's torch_net, torch_inputs and
+    torch_flat_params, torch on one thread; skips the test without torch
+    (the `compare` extra)."""
+    import sys
+    from pathlib import Path
+
+    import pytest
+
+    torch = pytest.importorskip("torch")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from torch_reference import torch_flat_params, torch_inputs, torch_net
+
+    torch.set_num_threads(1)
+    return torch, torch_net, torch_inputs, torch_flat_params

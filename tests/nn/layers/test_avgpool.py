@@ -5,18 +5,18 @@ steps, the exported module)."""
 
 from __future__ import annotations
 
-import math
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from reference import central_difference
+from reference import (
+    assert_gradient_matches_float64_differences,
+    central_difference,
+    torch_reference,
+)
 
 from iasgd.export import torch_module
-from iasgd.nn import layers, models, network, ops
+from iasgd.nn import layers, models, network
 from iasgd.nn import plan as P
 from iasgd.nn.layers.avgpool import AvgPool, avgpool2_backward, avgpool2_forward
 
@@ -82,33 +82,10 @@ def test_gradients_match_finite_differences(spec):
     rng = np.random.default_rng(1)
     x = rng.random((3, *model.input_shape)).astype(np.float32)
     y = rng.integers(0, 4, 3)
-    _, grad = model.loss_and_grad(params, x, y)
-    ws = model.workspace(3)
-    acts, dacts = np.zeros(ws.acts_size), np.zeros(ws.acts_size)
-    g64 = np.zeros(model.num_params)
-    net64 = ops.network(ws.plan, ws.slice_size, np.float64)
-
-    def loss64(p):
-        acts[: x.size] = (x.ravel() - models.INPUT_MEAN) / models.INPUT_STD
-        return network.network_loss_and_grad(p, g64, net64, acts, dacts, ws.argmax, y, 0.0)
-
-    p64 = params.astype(np.float64)
-    for name, shape, off in model.layout:
-        for j in rng.choice(math.prod(shape), min(4, math.prod(shape)), replace=False):
-            fd = central_difference(loss64, p64, off + j, eps=1e-6)
-            assert abs(fd - grad[off + j]) <= 1e-4 * max(abs(fd), 1e-2), name
+    assert_gradient_matches_float64_differences(model, params, x, y, rng)
 
 
 # PyTorch, where installed (the `compare` extra)
-
-
-def torch_reference():
-    torch = pytest.importorskip("torch")
-    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
-    from torch_reference import torch_flat_params, torch_inputs, torch_net
-
-    torch.set_num_threads(1)
-    return torch, torch_net, torch_inputs, torch_flat_params
 
 
 @pytest.mark.parametrize("spec", SPECS)
