@@ -4,9 +4,17 @@
         --archive ../shared/data/cifar-10-jpeg-python.tar.gz \\
         --time-budget 45 --targets 0.5,0.55,0.6 --eval-every 500
     python bench/scaling.py --quick        # synthetic data, seconds per run
+    python bench/scaling.py --recipe cifar10 --threads 2,128 --seeds 2 \\
+        --algos sync,hogwild,async-tail,hogwild-fit,interval-budget \\
+        --archive ../shared/data/cifar-10-jpeg-python.tar.gz --targets 0.7,0.75,0.8
 
 The full sweep above is 123 runs; an interrupted sweep picks up where it
 stopped with --resume (finished runs are saved after each one).
+
+With --recipe (iasgd/recipes.py) every run trains with the recipe's
+model, augmentation, optimiser and step-size schedule for its epochs (the
+schedule is planned over them), not for --time-budget; an option given
+here still wins, and --epochs alone makes any sweep stop by epochs.
 
 Sequential runs at one thread whatever --threads says; the other algorithms
 at every count of --threads. Every (algorithm, thread count, learning rate,
@@ -38,6 +46,7 @@ TAIL-tau step sizes).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -55,6 +64,7 @@ from iasgd.algorithms import sweep_variant  # noqa: E402
 from iasgd.config import config_where_it_applies  # noqa: E402
 from iasgd.executors import simulated as sim  # noqa: E402
 from iasgd.nn import models  # noqa: E402
+from iasgd.recipes import RECIPES  # noqa: E402
 from iasgd.sweeps import accuracy_points  # noqa: E402
 
 ALGOS = sweeps.ALGOS  # sweep name -> TrainConfig fields
@@ -75,6 +85,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data-dir", default=None)
     p.add_argument("--archive", default=None)
     p.add_argument("--time-budget", type=float, default=45.0, help="training seconds per run")
+    p.add_argument("--epochs", type=int, default=None,
+                   help="epochs per run instead of --time-budget (a recipe's own with --recipe)")
+    p.add_argument("--stop-at-target", action="store_true",
+                   help="stop a real run at the first epoch end that reaches the highest "
+                        "of --targets (its accuracy column is then the accuracy there)")
+    p.add_argument("--recipe", default=None, choices=sorted(RECIPES),
+                   help="train every run with this recipe (iasgd/recipes.py): its data, model, "
+                        "augmentation, optimiser and step-size schedule for its epochs; an "
+                        "option named here wins")
     p.add_argument("--targets", "--target-accuracy", dest="targets", default=None,
                    help="test accuracies whose time to reach is compared, comma-separated "
                         "(default 0.5; with --from-results the sweep's own; "
@@ -121,6 +140,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.add_argument("--" + name.replace("_", "-"), type=type(default) if default is not None
                        else int, default=default)
     args = p.parse_args(argv)
+    if args.recipe:  # the recipe's settings as defaults: a flag given still wins
+        p.set_defaults(**{k: v for k, v in RECIPES[args.recipe].settings.items()
+                          if k in vars(args)})
+        args = p.parse_args(argv)
+    if args.epochs is not None and args.epochs < 1:
+        p.error(f"--epochs must be >= 1, got {args.epochs}")
     try:
         args.targets = None if args.targets is None else [float(t)
                                                           for t in args.targets.split(",")]
@@ -161,8 +186,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                       if sweep_variant(a)["algo"] in sim.SIMULATED_ALGOS]
         if args.quick:  # simulated seconds: a few epochs of the synthetic set
             args.time_budget = min(args.time_budget, 0.05)
-    model_tag = "" if args.model == "lenet" else (
-        f"{args.model}-" if args.model in models.MODELS else "spec-")
+    if args.recipe:
+        model_tag = "recipe-"  # the dataset follows: recipe-cifar10-2-128
+    else:
+        model_tag = "" if args.model == "lenet" else (
+            f"{args.model}-" if args.model in models.MODELS else "spec-")
     args.name = args.name or ("quick-" if args.quick else "") + (
         f"{'simulated-' if args.simulate else ''}{model_tag}{args.dataset}-"
         f"{'-'.join(map(str, args.threads))}")
@@ -223,19 +251,41 @@ def runs_of(runs: dict, algo: str, n: int, lr: float) -> list[dict]:
 
 def config_for(args: argparse.Namespace, algo: str, threads: int, seed: int,
                lr: float | None = None) -> engine.TrainConfig:
-    knobs = {name: getattr(args, name) for name in PASSED_THROUGH}
+    knobs = recipe_knobs(args)
+    knobs.update({name: getattr(args, name) for name in PASSED_THROUGH})
     knobs.update(sweep_variant(algo), lr=args.lr if lr is None else lr)
-    return config_where_it_applies(**knobs, threads=threads, seed=seed, epochs=1_000_000,
-                                   time_budget=args.time_budget, eval_every=args.eval_every)
+    length = ({"epochs": 1_000_000, "time_budget": args.time_budget} if args.epochs is None
+              else {"epochs": args.epochs, "time_budget": None})
+    return config_where_it_applies(**knobs, **length, threads=threads, seed=seed,
+                                   eval_every=args.eval_every)
+
+
+def recipe_knobs(args: argparse.Namespace) -> dict:
+    """The training knobs of --recipe that this script has no option for
+    (augmentation, Nesterov, weight decay, the step-size schedule)."""
+    if not args.recipe:
+        return {}
+    fields = {f.name for f in dataclasses.fields(engine.TrainConfig)}
+    return {k: v for k, v in RECIPES[args.recipe].settings.items()
+            if k in fields and k not in vars(args)}
+
+
+def run_length(args: argparse.Namespace) -> str:
+    """What one run trains for, in words."""
+    if args.epochs is not None:
+        return f"{args.epochs} epochs"
+    return f"{args.time_budget:g}{' simulated' if args.simulate else ''} s of training"
 
 
 def run_one(model, data, cfg: engine.TrainConfig, targets: list[float],
-            simulation=None) -> dict:
+            simulation=None, stop_at: float | None = None) -> dict:
     """One run's figures: throughput, staleness, accuracy over time (at
     epoch ends, and every eval_every updates in `evals`), time to each
-    target. simulation: (step_time, cores, costs) to simulate instead of running."""
+    target. simulation: (step_time, cores, costs) to simulate instead of
+    running; stop_at: a real run stops (status "target_reached") soon after
+    the first epoch end whose test accuracy is at least this."""
     if simulation is None:
-        result = engine.train(model, data, cfg)
+        result = engine.train(model, data, cfg, stop_at_accuracy(stop_at))
     else:
         step_time, cores, costs = simulation
         result = sim.simulate(model, data, cfg, step_time, cores=cores, costs=costs)
@@ -243,6 +293,19 @@ def run_one(model, data, cfg: engine.TrainConfig, targets: list[float],
                         cfg.seed)
     score(run, targets)
     return run
+
+
+def stop_at_accuracy(target: float | None) -> results.Hooks:
+    """Hooks that stop a run once an epoch ends at `target` test accuracy
+    or more (None: never)."""
+    reached: list[bool] = []
+    if target is not None:
+        def on_epoch_end(record: results.EpochRecord) -> None:
+            if record.test_accuracy >= target:
+                reached.append(True)
+        return results.Hooks(on_epoch_end=on_epoch_end,
+                             should_stop=lambda: "target_reached" if reached else None)
+    return results.Hooks()
 
 
 def score(run: dict, targets: list[float]) -> None:
@@ -298,7 +361,8 @@ def table(summary: dict, args: argparse.Namespace) -> str:
     """Markdown tables, one per (learning rate, target): a row per
     (algorithm, threads). summary: {lr: {algo: {n: summarise(...)}}}. With
     one lr and one target, one table without a heading."""
-    digits = 1 if args.time_budget >= 10 else 3  # simulated budgets are about a second
+    # simulated budgets are about a second
+    digits = 1 if args.epochs is not None or args.time_budget >= 10 else 3
     blocks = []
     for lr, by_algo in summary.items():
         for target in args.targets:
@@ -525,11 +589,9 @@ def run_sweep(args: argparse.Namespace, out: Path) -> tuple[dict, float]:
     combos = [(lr, a, n) for lr in args.lrs for n in counts for a in args.algos
               if n in threads_of(a, args)]
     todo = sum(max(args.seeds - len(runs_of(runs, a, n, lr)), 0) for lr, a, n in combos)
-    if args.simulate:
-        print(f"{todo} runs of {args.time_budget:g} simulated s of training each", flush=True)
-    else:
-        print(f"{todo} runs of {args.time_budget:g} s of training each: "
-              f"{todo * args.time_budget / 60:.0f} min plus evaluation", flush=True)
+    total = "" if args.simulate or args.epochs is not None else (
+        f": {todo * args.time_budget / 60:.0f} min plus evaluation")
+    print(f"{todo} runs of {run_length(args)} each{total}", flush=True)
     t_start = time.perf_counter()
     # seed by seed, every combination once per pass: the machine's speed
     # drifts (a VM's neighbours), and a drift then shifts every algorithm
@@ -609,7 +671,8 @@ def undisturbed_run(args: argparse.Namespace, model, data, cfg: engine.TrainConf
         if checked:
             wait_until_quiet(args.max_foreign)
         before, t0 = machine_cpu_s(), time.perf_counter()
-        run = run_one(model, data, cfg, args.targets, simulation)
+        run = run_one(model, data, cfg, args.targets, simulation,
+                      stop_at=max(args.targets) if args.stop_at_target else None)
         run["foreign_cpu"] = foreign_share(before, machine_cpu_s(), time.perf_counter() - t0)
         if not checked or run["foreign_cpu"] is None or run["foreign_cpu"] <= args.max_foreign:
             return run

@@ -52,7 +52,7 @@ class Record(TypedDict, total=False):
     staleness_hist: list[int]  # [k]: applied updates with staleness k (last bin: >= k)
     acceptance_rate: float  # applied / computed
     final_accuracy: float | None
-    status: str  # completed, time_budget, diverged, interrupted
+    status: str  # completed, time_budget, diverged, interrupted; a sweep's own stop: target_reached
     eval_time_s: float  # evaluation, outside the training clock
     curve: list[list[float]]  # [t_s, test accuracy] at each epoch end
     evals: list[list[float]]  # [t_s, applied, test accuracy] every --eval-every updates
@@ -103,14 +103,17 @@ def tagged(records: Sequence[Record], lr: float | None) -> list[Record]:
 
 def upgraded(options: dict[str, Any]) -> dict[str, Any]:
     """A sweep's options with the knobs of newer sweeps: older files name one
-    target_accuracy, run one lr, evaluate at epoch ends only and have no
-    staleness budget."""
+    target_accuracy, run one lr, evaluate at epoch ends only, have no
+    staleness budget and train for a time budget without a recipe."""
     options = dict(options)
     target = options.pop("target_accuracy", 0.5)
     options.setdefault("targets", [target])
     options.setdefault("lrs", [options.get("lr", TrainConfig.lr)])
     options.setdefault("eval_every", 0)
     options.setdefault("staleness_budget", TrainConfig.staleness_budget)
+    options.setdefault("epochs", None)
+    options.setdefault("recipe", None)
+    options.setdefault("stop_at_target", False)
     return options
 
 

@@ -77,6 +77,8 @@ def test_records_older_than_lrs_get_the_sweeps_lr_and_their_place_as_seed():
     assert sweeps.tagged(new, 0.005) == new
     assert sweeps.upgraded({"target_accuracy": 0.6, "lr": 0.01})["targets"] == [0.6]
     assert sweeps.upgraded({"lr": 0.01})["lrs"] == [0.01]
+    older = sweeps.upgraded({"lr": 0.01, "time_budget": 45.0})  # before --recipe and --epochs
+    assert (older["epochs"], older["recipe"], older["stop_at_target"]) == (None, None, False)
 
 
 def committed() -> list[Path]:

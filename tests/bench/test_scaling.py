@@ -341,3 +341,41 @@ def test_every_sweep_variant_is_a_valid_run_named_in_the_results_docs(name):
     cfg.check()
     docs = (RESULTS.parents[1] / "docs" / "results.md").read_text()
     assert f"`{name}`" in docs
+
+
+def test_a_recipe_gives_every_run_its_knobs_and_epochs_and_a_flag_still_wins():
+    from iasgd.recipes import RECIPES
+
+    settings = RECIPES["cifar10"].settings
+    args = scaling.parse_args(["--recipe", "cifar10", "--threads", "2", "--lr", "0.1"])
+    assert (args.model, args.dataset, args.batch_size) == (
+        settings["model"], settings["dataset"], settings["batch_size"])
+    assert args.name == "recipe-cifar10-2"
+    for algo in ("sync", "hogwild", "interval-budget"):
+        cfg = scaling.config_for(args, algo, threads=2, seed=0)
+        cfg.check()
+        assert (cfg.epochs, cfg.time_budget, cfg.lr) == (settings["epochs"], None, 0.1)
+        for name in ("momentum", "nesterov", "weight_decay", "augment", "crop_padding",
+                     "lr_warmup", "lr_decay"):
+            assert getattr(cfg, name) == settings[name], name
+    plain = scaling.config_for(scaling.parse_args(["--threads", "2"]), "hogwild", 2, 0)
+    assert (plain.augment, plain.lr_decay, plain.time_budget) == ("none", "none", 45.0)
+
+
+def test_a_sweep_by_epochs_trains_each_run_for_them(tmp_path):
+    doc = scaling.main(["--quick", "--threads", "2", "--algos", "hogwild,interval", "--seeds",
+                        "1", "--epochs", "2", "--out-dir", str(tmp_path)])
+    for by_n in doc["runs"].values():
+        [run] = by_n["2"]
+        assert len(run["curve"]) == 2 and run["status"] == "completed"
+
+
+def test_stop_at_target_ends_a_run_soon_after_the_epoch_that_reached_it(tmp_path):
+    doc = scaling.main(["--quick", "--threads", "2", "--algos", "hogwild", "--seeds", "1",
+                        "--epochs", "6", "--targets", "0.3", "--stop-at-target",
+                        "--out-dir", str(tmp_path)])
+    [run] = doc["runs"]["hogwild"]["2"]
+    first = next(i for i, (_, acc) in enumerate(run["curve"]) if acc >= 0.3)
+    assert run["status"] == "target_reached" and first < 5
+    assert len(run["curve"]) <= first + 2  # the epoch that reached it, and the one cut short
+    assert run["time_to_target_s"]["0.3"] is not None
