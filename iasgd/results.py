@@ -47,6 +47,9 @@ class EpochRecord:
     samples_per_s: float  # applied samples per second of this epoch
     complete: bool = True  # False for an epoch cut short by the time budget
     staleness_hist: list[int] = field(default_factory=list)  # [k]: updates with tau = k
+    # the step size the schedule gave the epoch's last update, before any
+    # staleness-scaled factor (None in results written before it was recorded)
+    lr: float | None = None
 
 
 @dataclass

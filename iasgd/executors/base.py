@@ -34,6 +34,7 @@ import numpy as np
 from iasgd.config import TrainConfig
 from iasgd.data import Dataset
 from iasgd.executors.epochs import TrainingClock, run_epochs
+from iasgd.nn import network
 from iasgd.nn.blas import single_threaded_blas
 from iasgd.nn.models import Model
 from iasgd.results import (
@@ -121,6 +122,12 @@ class ExecutorBase:
     def next_epoch(self) -> None:
         self.epoch, self.epoch_time = self.epoch + 1, 0.0
 
+    def scheduled_lr(self, done: int) -> float:
+        """The step size the run's schedule (--lr-warmup, --lr-decay) gives
+        its update number `done` - 1, before any staleness-scaled factor."""
+        sgd = self.cfg.sgd(self.data.x_train.shape[0], self.model.num_trained)
+        return float(network.scheduled_lr.py_func(sgd, max(done - 1, 0)))
+
     def load_evaluation(self) -> None:
         """Load (or compile) what the evaluation calls."""
         load_evaluation(self.model, self.data, self.params_now())
@@ -144,6 +151,7 @@ class ExecutorBase:
             samples_per_s=end.samples / max(end.seconds, 1e-9),
             complete=applied == self.quota,
             staleness_hist=end.hist,
+            lr=self.scheduled_lr(end.done),
         )
         r.epochs.append(record)
         if self.cfg.eval_every:

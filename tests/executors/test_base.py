@@ -4,6 +4,7 @@ executors' own tests, which now run through it)."""
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -62,3 +63,30 @@ def test_a_ray_node_process_keeps_the_limit_from_its_start():
 def test_the_mean_loss_of_no_update_is_nan():
     assert mean_loss(6.0, 3) == 2.0
     assert mean_loss(0.0, 0) != mean_loss(0.0, 0)
+
+
+def schedule_formula(lr: float, warmup: int, planned: int, update: int) -> float:
+    """PyTorch's LinearLR warm-up then CosineAnnealingLR, written out."""
+    if update < warmup:
+        return lr * (update + 1) / warmup
+    x = min((update - warmup) / (planned - warmup), 1.0)
+    return lr * 0.5 * (1 + math.cos(math.pi * x))
+
+
+@pytest.mark.parametrize("algo", ["sequential", "hogwild", "simulated"])
+def test_each_epoch_records_the_step_size_its_schedule_reached(algo):
+    data = datasets.synthetic(seed=0, n_train=64, n_test=16)
+    model = models.build("lenet", "synthetic")
+    cfg = engine.TrainConfig(algo="sequential" if algo == "sequential" else "hogwild",
+                             threads=1 if algo == "sequential" else 2, epochs=3, batch_size=8,
+                             lr=0.05, lr_warmup=0.25, lr_decay="cosine")
+    if algo == "simulated":
+        result = sim.simulate(model, data, cfg, sim.lognormal_steps(0.001, 0.1))
+    else:
+        result = engine.train(model, data, cfg)
+    quota = 64 // 8
+    for record in result.epochs:  # every epoch applies its quota of updates here
+        last = record.epoch * quota - 1
+        assert record.lr == pytest.approx(schedule_formula(0.05, 6, 24, last), rel=1e-6)
+    plain = engine.train(model, data, engine.TrainConfig(epochs=2, batch_size=8, lr=0.05))
+    assert [r.lr for r in plain.epochs] == [0.05, 0.05]
