@@ -336,15 +336,15 @@ class Model:
 
     def summary(self) -> str:
         """A table of each layer's output shape and parameter count (print it)."""
-        lines = [f"{self.name}: input {'x'.join(map(str, self.input_shape))}, "
-                 f"{self.num_classes} classes",
-                 f"{'layer':<14} {'output':>12} {'parameters':>12}"]
-        for ls in self.shapes:
-            count = sum(math.prod(shape) for _, shape in ls.params)
-            label = ls.layer.spec() if not ls.params else f"{ls.name} {ls.layer.spec()}"
-            lines.append(f"{label:<14} {'x'.join(map(str, ls.shape)):>12} {count:>12,}")
-        lines.append(f"{'total':<14} {'':>12} {self.num_params:>12,}")
-        return "\n".join(lines)
+        rows = [(ls.layer.spec() if not ls.params else f"{ls.name} {ls.layer.spec()}",
+                 "x".join(map(str, ls.shape)),
+                 f"{sum(math.prod(shape) for _, shape in ls.params):,}") for ls in self.shapes]
+        rows = [("layer", "output", "parameters"), *rows, ("total", "", f"{self.num_params:,}")]
+        # columns as wide as their widest entry: a long spec never pushes a row out of line
+        w0, w1, w2 = (max(len(row[i]) for row in rows) for i in range(3))
+        return "\n".join([f"{self.name}: input {'x'.join(map(str, self.input_shape))}, "
+                          f"{self.num_classes} classes",
+                          *(f"{a:<{w0}} {b:>{w1}} {c:>{w2}}" for a, b, c in rows)])
 
     @property
     def image_transform(self) -> tuple[float, float]:

@@ -361,3 +361,13 @@ def test_a_model_pickles_with_its_evaluation_workspace():
     want = m.predict_images(params, images, batch=4)
     copy = pickle.loads(pickle.dumps(m))
     np.testing.assert_array_equal(copy.predict_images(params, images, batch=4), want)
+
+
+def test_summary_columns_line_up_whatever_a_spec_s_length():
+    m = models.build("vgg-bn", "cifar10")
+    lines = m.summary().splitlines()[1:]
+    assert any(len(line.split()[0] + line.split()[1]) > 14 for line in lines[1:-1])
+    ends = {len(line) for line in lines}  # right-aligned counts end in one column
+    shapes = {line.index(line.split()[-2]) + len(line.split()[-2])
+              for line in lines[1:-1]}
+    assert len(ends) == 1 and len(shapes) == 1
