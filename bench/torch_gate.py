@@ -18,14 +18,21 @@ cores they take turns), CIFAR-10, each model of --models and each seed:
 plain Hogwild! against interval-budget (IntervalGate.budget with TAIL-tau
 step sizes through step.lr_factor), until --seconds or 60 % test accuracy.
 Every --eval-s seconds of training the parent holds the workers between
-steps and evaluates a copy of the shared model on the whole test set; the
-clock stops meanwhile (with the workers running, an evaluation on 2 cores
-took 10 s for LeNet-5 and 80-110 s for the ResNet, which set the times'
-resolution). Prints time to 55 % and
+steps and evaluates a copy of the shared model on the whole test set, on
+every core; the clock stops meanwhile (with the workers running, an
+evaluation on 2 cores took 10 s for LeNet-5 and 80-110 s for the ResNet,
+which set the times' resolution). Prints time to 55 % and
 60 % per run and the ratio of the medians (goal: <= 0.8), and checks that
 every gated run's staleness max is <= y - 1. Results: bench/results/
-torch-gate-<mode>.json. A long run (2 models x 3 seeds x 2 arms x
---seconds): for a quiet machine.
+torch-gate-<mode>.json (--out). A long run (2 models x 3 seeds x 2 arms x
+--seconds): for a quiet machine. The runs in docs/pytorch.md:
+
+    python bench/torch_gate.py accuracy --models lenet \
+        --out bench/results/torch-gate-accuracy-lenet.json
+    python bench/torch_gate.py accuracy --models lenet --lr 0.02 --seconds 150 \
+        --out bench/results/torch-gate-accuracy-lenet-lr0.02.json
+    python bench/torch_gate.py accuracy --models resnet --eval-s 10 \
+        --out bench/results/torch-gate-accuracy-resnet.json
 """
 
 from __future__ import annotations
@@ -240,14 +247,22 @@ def throughput(args) -> dict:
 
 
 def evaluate(model_cls, shared, x_test, y_test) -> float:
+    """Test accuracy of a copy of `shared`, on every core: the workers are
+    held meanwhile (each sets its own single thread, so the next run's
+    forked workers still compute on one thread each)."""
     model = model_cls()
     model.load_state_dict(shared.state_dict())
     model.eval()
     correct = 0
-    with torch.no_grad():
-        for i in range(0, x_test.shape[0], 1000):
-            x = (x_test[i:i + 1000].float().div_(255) - MEAN) / STD
-            correct += int((model(x).argmax(1) == y_test[i:i + 1000]).sum())
+    threads = torch.get_num_threads()
+    torch.set_num_threads(os.cpu_count() or 1)
+    try:
+        with torch.no_grad():
+            for i in range(0, x_test.shape[0], 1000):
+                x = (x_test[i:i + 1000].float().div_(255) - MEAN) / STD
+                correct += int((model(x).argmax(1) == y_test[i:i + 1000]).sum())
+    finally:
+        torch.set_num_threads(threads)
     return correct / x_test.shape[0]
 
 
