@@ -76,6 +76,9 @@ def torch_layers(spec: str, shape: tuple[int, int, int], classes: int) -> nn.Seq
             out.append(nn.BatchNorm2d(c) if flat is None else nn.BatchNorm1d(flat))
         elif token == "relu":
             out.append(nn.ReLU())
+        elif token == "gap":
+            out += [nn.AdaptiveAvgPool2d(1), nn.Flatten()]
+            flat = c
         elif token in ("pool", "avgpool"):
             out.append(nn.MaxPool2d(2) if token == "pool" else nn.AvgPool2d(2))
             h, w = h // 2, w // 2

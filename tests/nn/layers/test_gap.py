@@ -23,7 +23,7 @@ from iasgd.nn.layers.gap import GlobalAvgPool, global_mean_backward, global_mean
 SHAPES = settings(max_examples=15, deadline=None)
 SPECS = ["conv6k3s,bn,relu,pool,conv8k3v,relu,gap,dense",
          "conv5k3,gap,dense16,relu,dense",  # a wide map (junk columns) into the pool
-         "pool,gap,dense"]
+         "conv4k3,relu,gap,bn,relu,dense"]  # into batch norm on a vector
 
 
 @SHAPES
