@@ -124,6 +124,17 @@ def batch(images, labels, b, g):
     return (images[idx].float().div_(255) - MEAN) / STD, labels[idx]
 
 
+def may_step(flags, rank: int) -> bool:
+    """A worker between steps: waits while flags.pause is set, saying so in
+    flags.parked[rank]; whether it may take another step (not flags.stop)."""
+    while flags.pause[0] and not flags.stop[0]:
+        flags.parked[rank] = 1
+        while flags.pause[0] and not flags.stop[0]:
+            time.sleep(0.002)
+        flags.parked[rank] = 0  # then pause is read again: a hold may have begun
+    return not flags.stop[0]
+
+
 def worker(rank, model, gate, images, labels, flags, cfg):
     """PyTorch's Hogwild! train loop (random batches of its own); with a
     gate, each step inside gate.step(). flags.counts[rank]: steps applied;
@@ -132,13 +143,7 @@ def worker(rank, model, gate, images, labels, flags, cfg):
     g = torch.Generator().manual_seed(cfg["seed"] * 1000 + rank)
     opt = torch.optim.SGD(model.parameters(), lr=cfg["lr"], momentum=cfg["momentum"])
     model.train()
-    while not flags.stop[0]:
-        if flags.pause[0]:
-            flags.parked[rank] = 1
-            while flags.pause[0] and not flags.stop[0]:
-                time.sleep(0.002)
-            flags.parked[rank] = 0
-            continue
+    while may_step(flags, rank):
         x, y = batch(images, labels, cfg["b"], g)
         if gate is None:
             opt.zero_grad()

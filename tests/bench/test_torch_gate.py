@@ -57,16 +57,10 @@ def test_a_hold_that_cannot_complete_says_how_many_workers_it_held():
 
 
 def slow_starting_worker(flags, rank: int, startup_s: float) -> None:
-    """The workers' handshake (bench/torch_gate.py's worker) after
-    startup_s of getting ready; a step takes a millisecond."""
+    """bench/torch_gate.py's worker after startup_s of getting ready, with
+    steps of a millisecond."""
     time.sleep(startup_s)
-    while not flags.stop[0]:
-        if flags.pause[0]:
-            flags.parked[rank] = 1
-            while flags.pause[0] and not flags.stop[0]:
-                time.sleep(0.002)
-            flags.parked[rank] = 0
-            continue
+    while torch_gate.may_step(flags, rank):
         time.sleep(0.001)
         flags.counts[rank] += 1
 

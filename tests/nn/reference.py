@@ -204,3 +204,58 @@ def torch_reference():
 
     torch.set_num_threads(1)
     return torch, torch_net, torch_inputs, torch_flat_params
+
+
+def assert_sgd_steps_match_torch(model, *, lr: float, momentum: float, weight_decay: float = 0.0,
+                                 steps: int = 20, b: int = 8, tol: float = 1e-5):
+    """`steps` steps of network.train_steps against PyTorch's SGD (the same
+    lr, momentum and weight decay, train mode) on the same random CIFAR-10-
+    shaped batches from model.init(0): each loss within tol, then every
+    parameter and running statistic within tol (float32 sums in another
+    order). Returns (params, net) after the steps."""
+    from iasgd.nn import network
+    from iasgd.nn import plan as P
+
+    torch, torch_net, torch_inputs, torch_flat_params = torch_reference()
+    params = model.init(0)
+    net = torch_net(model, params).train()
+    opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (steps * b, 3, 32, 32), dtype=np.uint8)
+    labels = rng.integers(0, 10, steps * b)
+    losses = np.zeros(steps)
+    sgd = P.plain_sgd(lr, momentum, model.num_trained)._replace(weight_decay=weight_decay)
+    network.train_steps(P.Weights(params, np.zeros_like(params)), model.workspace(b).buffers,
+                        P.Images(images.reshape(steps * b, -1), labels, *model.image_transform),
+                        P.Steps(np.arange(steps * b), 0, steps, b, sgd, 0), losses)
+    for s in range(steps):
+        batch = slice(s * b, (s + 1) * b)
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(net(torch_inputs(images[batch])),
+                                                 torch.from_numpy(labels[batch]))
+        loss.backward()
+        opt.step()
+        assert abs(losses[s] - loss.item()) <= tol, s
+    np.testing.assert_allclose(params, torch_flat_params(net), atol=tol)
+    return params, net
+
+
+def assert_export_computes_the_same_logits(model, params: np.ndarray, module_type: str,
+                                           attribute: str) -> None:
+    """iasgd.export.torch_module(model), loaded strictly with params, holds a
+    torch.nn.<module_type> at `attribute` and computes model.logits' logits
+    on 4 random inputs (within 1e-4 relative, 1e-5 absolute)."""
+    import pytest
+
+    torch = pytest.importorskip("torch")
+    from iasgd.export import torch_module
+    from iasgd.nn import models
+
+    net = torch_module(model)
+    assert isinstance(getattr(net, attribute), getattr(torch.nn, module_type))
+    net.load_state_dict({name: torch.from_numpy(t.copy())
+                         for name, t in model.tensors(params).items()}, strict=True)
+    x = np.random.default_rng(3).random((4, *model.input_shape)).astype(np.float32)
+    with torch.no_grad():
+        want = net((torch.from_numpy(x) - models.INPUT_MEAN) / models.INPUT_STD).numpy()
+    np.testing.assert_allclose(model.logits(params, x), want, rtol=1e-4, atol=1e-5)

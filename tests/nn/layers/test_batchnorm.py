@@ -12,12 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from reference import (
     assert_gradient_matches_float64_differences,
+    assert_sgd_steps_match_torch,
     central_difference,
     torch_reference,
 )
 
 from iasgd.export import load_weights, read_weights, save_weights, torch_module
-from iasgd.nn import layers, models, network
+from iasgd.nn import layers, models
 from iasgd.nn import plan as P
 from iasgd.nn.layers.batchnorm import (
     EPS,
@@ -193,30 +194,12 @@ def test_training_steps_and_evaluation_match_pytorch():
     """20 steps with momentum, weight decay and a ReLU fused into a bn, step
     by step against PyTorch's SGD on the same batches; then the running
     statistics and the eval-mode logits, and an export PyTorch loads strictly."""
-    torch, torch_net, torch_inputs, torch_flat_params = torch_reference()
+    torch = pytest.importorskip("torch")
     model = models.build(SPECS[1], "cifar10")
-    params = model.init(0)
-    net = torch_net(model, params).train()
-    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.5, weight_decay=1e-3)
-    rng = np.random.default_rng(0)
-    steps, b = 20, 8
-    images = rng.integers(0, 256, (steps * b, 3, 32, 32), dtype=np.uint8)
-    labels = rng.integers(0, 10, steps * b)
-    losses = np.zeros(steps)
-    sgd = P.plain_sgd(0.05, 0.5, model.num_trained)._replace(weight_decay=1e-3)
-    network.train_steps(P.Weights(params, np.zeros_like(params)), model.workspace(b).buffers,
-                        P.Images(images.reshape(steps * b, -1), labels, *model.image_transform),
-                        P.Steps(np.arange(steps * b), 0, steps, b, sgd, 0), losses)
-    for s in range(steps):
-        batch = slice(s * b, (s + 1) * b)
-        opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(net(torch_inputs(images[batch])),
-                                                 torch.from_numpy(labels[batch]))
-        loss.backward()
-        opt.step()
-        assert losses[s] == pytest.approx(loss.item(), abs=1e-4)
     # float32 sums in another order, through 20 batch normalisations of 8 samples
-    np.testing.assert_allclose(params, torch_flat_params(net), atol=1e-4)
+    params, net = assert_sgd_steps_match_torch(model, lr=0.05, momentum=0.5, weight_decay=1e-3,
+                                               tol=1e-4)
+    rng = np.random.default_rng(1)
     x = rng.random((4, *model.input_shape)).astype(np.float32)
     with torch.no_grad():
         want = net.eval()((torch.from_numpy(x) - models.INPUT_MEAN) / models.INPUT_STD)

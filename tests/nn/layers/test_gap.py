@@ -10,14 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from reference import (
+    assert_export_computes_the_same_logits,
     assert_gradient_matches_float64_differences,
+    assert_sgd_steps_match_torch,
     central_difference,
     torch_reference,
 )
 
-from iasgd.export import torch_module
-from iasgd.nn import layers, models, network
-from iasgd.nn import plan as P
+from iasgd.nn import layers, models
 from iasgd.nn.layers.gap import GlobalAvgPool, global_mean_backward, global_mean_forward
 
 SHAPES = settings(max_examples=15, deadline=None)
@@ -106,42 +106,9 @@ def test_loss_and_gradients_match_autograd_written_by_hand():
 def test_training_steps_match_pytorch_sgd():
     """20 steps with momentum, step by step against PyTorch's SGD on the same
     batches from the same initial parameters (batch norm in train mode)."""
-    torch, torch_net, torch_inputs, torch_flat_params = torch_reference()
-    model = models.build(SPECS[0], "cifar10")
-    params = model.init(0)
-    net = torch_net(model, params)
-    opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.5)
-    rng = np.random.default_rng(0)
-    steps, b = 20, 8
-    images = rng.integers(0, 256, (steps * b, 3, 32, 32), dtype=np.uint8)
-    labels = rng.integers(0, 10, steps * b)
-    losses = np.zeros(steps)
-    network.train_steps(P.Weights(params, np.zeros_like(params)), model.workspace(b).buffers,
-                        P.Images(images.reshape(steps * b, -1), labels, *model.image_transform),
-                        P.Steps(np.arange(steps * b), 0, steps, b,
-                                P.plain_sgd(0.01, 0.5, model.num_trained), 0),
-                        losses)
-    for s in range(steps):
-        batch = slice(s * b, (s + 1) * b)
-        opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(net(torch_inputs(images[batch])),
-                                                 torch.from_numpy(labels[batch]))
-        loss.backward()
-        opt.step()
-        assert losses[s] == pytest.approx(loss.item(), abs=1e-5)
-    # float32 sums in another order
-    np.testing.assert_allclose(params, torch_flat_params(net), atol=1e-5)
+    assert_sgd_steps_match_torch(models.build(SPECS[0], "cifar10"), lr=0.01, momentum=0.5)
 
 
 def test_the_exported_module_computes_the_same_logits():
-    torch = pytest.importorskip("torch")
     model = models.build(SPECS[1], "cifar10")
-    params = model.init(3)
-    net = torch_module(model)
-    assert isinstance(net.gap1, torch.nn.AdaptiveAvgPool2d)
-    net.load_state_dict({name: torch.from_numpy(t.copy())
-                         for name, t in model.tensors(params).items()}, strict=True)
-    x = np.random.default_rng(3).random((4, *model.input_shape)).astype(np.float32)
-    with torch.no_grad():
-        want = net((torch.from_numpy(x) - models.INPUT_MEAN) / models.INPUT_STD).numpy()
-    np.testing.assert_allclose(model.logits(params, x), want, rtol=1e-4, atol=1e-5)
+    assert_export_computes_the_same_logits(model, model.init(3), "AdaptiveAvgPool2d", "gap1")
