@@ -18,7 +18,7 @@ cores they take turns), CIFAR-10, each model of --models and each seed:
 plain Hogwild! against interval-budget (IntervalGate.budget with TAIL-tau
 step sizes through step.lr_factor), until --seconds or 60 % test accuracy.
 The workers start held, and the clock starts when all of them are ready
-(16 processes on 2 cores, once forked, took 12-15 s to get there). Every --eval-s seconds
+(16 processes on 2 cores, once forked, took 11-15 s to get there). Every --eval-s seconds
 of training the parent holds the workers between steps and evaluates a copy
 of the shared model on the whole test set, on every core; the clock stops
 meanwhile (with the workers running, an evaluation on 2 cores took 10 s for
