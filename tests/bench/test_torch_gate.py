@@ -80,7 +80,10 @@ def test_the_clock_starts_when_the_last_worker_is_ready(monkeypatch):
         flags.stop[0] = 1
         for w in workers:
             w.join()
-    assert startup_s >= 3.0
+    # the last worker is ready 3 s after the threads start, the first at 1.5 s;
+    # the hold began a few milliseconds after they started
+    assert startup_s > 2.0
     assert len(evals) >= 2 and evals[-1][0] >= 0.2 and reached == {}
-    assert evals[-1][0] < 3.0  # the 3 s of start-up are not training
+    # the 3 s of start-up are not training (about 0.2 s was: a margin of 10x for a busy machine)
+    assert evals[-1][0] < 3.0
     assert evals[0][1] > 0  # and training began at the first release
