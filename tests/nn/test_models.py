@@ -276,10 +276,11 @@ def test_plan_fuses_relus_and_skips_free_flattens():
     assert plan[:, P.P_RELU].tolist() == [0, 0, 1, 0, 1, 1, 0]
     # nothing before the first conv needs a gradient
     assert plan[:, P.P_GRAD].tolist() == [0, 0, 1, 1, 1, 1, 1]
-    # the 64-channel conv's input gradient is a GEMM, with its scratch last;
+    # the 64-channel conv's gradients are GEMMs, with their scratch last;
     # both forwards run as vectors where the machine has AVX-512
     vectors = C.SIMD_FORWARD if C.SIMD else 0
-    assert plan[:, P.P_PATH].tolist() == [0, vectors, 0, C.GEMM_INPUT | vectors, 0, 0, 0]
+    assert plan[:, P.P_PATH].tolist() == [0, vectors, 0,
+                                          C.GEMM_WEIGHTS | C.GEMM_INPUT | vectors, 0, 0, 0]
     assert plan[3, P.P_COFF] == models.build("vgg-small", "cifar10").workspace(2).acts_size \
         - (32 * 9 * 16 * 18 + 2 * 32 * 9 * 64)
     # a kernel size without direct kernels runs every pass as GEMMs
@@ -324,7 +325,7 @@ def test_the_training_step_allocates_nothing(name, b):
         network.train_steps(P.Weights(params, np.zeros_like(params)), ws.buffers,
                       P.Images(images, labels, *m.image_transform),
                       P.Steps(np.arange(6 * b), 0, steps, b, P.plain_sgd(0.001, 0.5), 0),
-                      np.zeros(6))
+                      np.zeros(6), None)
         return rtsys.get_allocation_stats().alloc - before
 
     was_enabled = _nrt_python.memsys_stats_enabled()

@@ -73,6 +73,21 @@ def test_the_path_bits_pick_the_op_of_each_pass():
     assert names(ops.row_ops(conv)) == ("conv3_simd_forward_op", "conv3_weights_op", "nothing")
 
 
+def test_the_rules_put_the_gradients_of_wide_3x3_convs_on_gemms():
+    """conv_paths on vgg-bn's convs: 3 -> 32 direct in its gradients, 32 -> 64
+    its weight gradient (GEMM_WEIGHTS_MIN_OUT) and input gradient as GEMMs,
+    64 -> 128 on 8x8 rows every pass (NARROW_COLUMNS); 32 -> 32 stays direct."""
+    convs = [names(ops.row_ops(row)) for row in plan_of("vgg-bn")
+             if layers.row_op(row) is C.ROW]
+    assert [passes[1:] for passes in convs] == [
+        ("conv3_weights_op", "nothing"),
+        ("conv_gemm_weights_op", "conv_gemm_input_op"),
+        ("conv_gemm_weights_op", "conv_gemm_input_op")]
+    assert convs[2][0] == "conv_gemm_forward_op"
+    narrow = C.conv_paths(3, 32, True, 16, 32, 32 * 18 * 18, 16)
+    assert not narrow & C.GEMM_WEIGHTS and narrow & C.GEMM_INPUT
+
+
 def test_assign_writes_the_positions_the_table_holds_them_at():
     plan = plan_of("vgg-small")
     for row in plan:

@@ -93,6 +93,12 @@ SIMD_WEIGHTS_MIN_TAPS = 100
 # 829 to 1,195 samples/s at b = 64, bench/results/recipe-cifar10.md).
 NARROW_COLUMNS = 16
 NARROW_MIN_CHANNELS = 64
+# A 3x3 conv from 32 channels to 64 or more runs its weight gradient as a
+# GEMM at any width: 1.4-1.6x the direct kernel on 32 -> 64 and 64 -> 64 on
+# 16x16 maps (vgg-bn's and vgg-small's middle conv; bench/results/conv-paths.md,
+# 2026-12-06); on 32 -> 32 the two were within this VM's noise.
+GEMM_WEIGHTS_MIN_CHANNELS = 32
+GEMM_WEIGHTS_MIN_OUT = 64
 
 
 def conv_paths(k: int, out: int, needs_input_grad: bool, out_width: int = 0,
@@ -100,8 +106,10 @@ def conv_paths(k: int, out: int, needs_input_grad: bool, out_width: int = 0,
     """The PATH bits (GEMM_*, SIMD_*) of a k x k conv from `channels` to
     `out` channels with `out_width` output columns and `in_floats` floats of
     input per sample (C*H*S), and `out_height` output rows: other sizes than
-    3x3 and 5x5 run every pass as GEMMs. On a machine with AVX-512 some
-    passes run as explicit vectors (iasgd.nn.simd): a 5x5 conv with whole
+    3x3 and 5x5 run every pass as GEMMs, a 3x3 conv from many channels to
+    many its weight gradient (GEMM_WEIGHTS_MIN_CHANNELS, _OUT). On a
+    machine with AVX-512 some passes run as explicit vectors
+    (iasgd.nn.simd): a 5x5 conv with whole
     vectors of output channels, its forward with a block's width of
     columns, SIMD_MIN_TAPS taps (channels * k * k) or more, and an input
     that fits in L1 beside a group of weights (SIMD_MAX_FLOATS), its weight
@@ -126,6 +134,8 @@ def conv_paths(k: int, out: int, needs_input_grad: bool, out_width: int = 0,
         bits |= GEMM_INPUT
     if k == 3 and out_width < NARROW_COLUMNS and channels >= NARROW_MIN_CHANNELS:
         bits |= GEMM_FORWARD | GEMM_WEIGHTS
+    if k == 3 and channels >= GEMM_WEIGHTS_MIN_CHANNELS and out >= GEMM_WEIGHTS_MIN_OUT:
+        bits |= GEMM_WEIGHTS
     return bits
 
 
