@@ -20,7 +20,7 @@ from iasgd.executors import precompile
 from iasgd.executors.base import EpochEnd, ExecutorBase, first_params
 from iasgd.executors.epochs import train_in_chunks
 from iasgd.nn import network as N
-from iasgd.nn.augment import image_inputs
+from iasgd.nn.augment import augment_argument, image_inputs
 from iasgd.nn.models import Model
 from iasgd.nn.plan import Steps, Weights
 from iasgd.results import Hooks, Live, RunResult, Snapshot, Status, mean_step_loss, result_meta
@@ -78,6 +78,7 @@ class SequentialRun(ExecutorBase):
         self.weights = Weights(r.params, self.velocity)
         self.inputs = image_inputs(self.images, data.y_train, model.image_transform,
                                    model.input_shape, cfg.augment, cfg.crop_padding)
+        self.augment = augment_argument(self.inputs)
 
     def resume_arrays(self, in_epoch: bool) -> dict[str, ArraySpec]:
         """The shape and dtype of each array a resume takes from a snapshot;
@@ -105,7 +106,8 @@ class SequentialRun(ExecutorBase):
         n_train = self.images.shape[0]
         N.train_steps(self.weights, self.ws.buffers, self.inputs,
                       Steps(np.arange(n_train, dtype=np.int64), 0, 0, self.cfg.batch_size,
-                            self.cfg.sgd(n_train, self.model.num_trained), 0), self.losses)
+                            self.cfg.sgd(n_train, self.model.num_trained), 0), self.losses,
+                      self.augment)
 
     def start_run(self) -> None:
         precompile.load_kernels(self)
@@ -135,7 +137,8 @@ class SequentialRun(ExecutorBase):
             steps = Steps(self.order, self.step, count, cfg.batch_size,
                           cfg.sgd(self.images.shape[0], self.model.num_trained), r.applied,
                           augment_seed(cfg.seed, self.epoch))
-            done = N.train_steps(self.weights, self.ws.buffers, self.inputs, steps, self.losses)
+            done = N.train_steps(self.weights, self.ws.buffers, self.inputs, steps, self.losses,
+                                 self.augment)
             dt = time.perf_counter() - t0
             self.epoch_time += dt
             self.step += done

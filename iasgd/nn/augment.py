@@ -58,6 +58,15 @@ def augmenting(data):
     return data.pad > 0 or data.flip
 
 
+def augment_argument(data: Images) -> bool | None:
+    """network.train_steps' `augment` for the Images bundle `data`: True
+    where it asks for augmentation, else None. numba drops a branch on
+    `augment is not None` before it types the function when the argument is
+    None, so steps without augmentation never compile it: 2-2.4 s less of
+    the steps' compile, the longest job of a cold start (docs/performance.md)."""
+    return True if data.pad > 0 or data.flip else None
+
+
 @jit_inline
 def seed_step(rng, base, step):
     """rng[0] = the first state of step `step`'s stream: the splitmix64

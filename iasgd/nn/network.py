@@ -251,7 +251,7 @@ def network_loss_and_grad(params, grad, net, acts, dacts, argmax, labels, smooth
 
 
 @jit
-def train_steps(weights, buffers, data, steps, losses):
+def train_steps(weights, buffers, data, steps, losses, augment):
     """Run steps.count steps of sequential mini-batch SGD (steps.sgd);
     returns the number of steps applied, fewer if a loss is not finite (that
     step's update is not applied: the run has diverged).
@@ -259,7 +259,9 @@ def train_steps(weights, buffers, data, steps, losses):
     Step s (from steps.first) trains on images[order[s*b : (s+1)*b]] (the
     last batch of an epoch may be shorter), augmented as data says with the
     codes of step s's stream (iasgd.nn.augment.seed_step from
-    steps.aug_seed); losses[s] receives its loss. The
+    steps.aug_seed) where `augment` is True, not augmented where it is None
+    (pass iasgd.nn.augment.augment_argument(data): with None the augmenting
+    code is not compiled at all); losses[s] receives its loss. The
     bundles (Weights, Buffers, Images, Steps) are described in iasgd.nn.plan.
     """
     params, velocity = weights.params, weights.velocity
@@ -271,7 +273,7 @@ def train_steps(weights, buffers, data, steps, losses):
         start = s * b
         n = min(b, total - start)
         idx = order[start:start + n]
-        if A.augmenting(data):  # step s's codes from its own stream (a resume draws them again)
+        if augment is not None:  # step s's codes from its own stream (a resume draws them again)
             A.seed_step(buffers.aug_rng, steps.aug_seed, s)
             A.draw_codes(buffers.codes, n, data.pad, data.flip, buffers.aug_rng)
             A.gather_augmented(data.images, idx, buffers.codes, data.shape, data.scale,

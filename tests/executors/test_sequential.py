@@ -18,10 +18,34 @@ def test_each_epochs_steps_go_on_from_the_updates_before_it(monkeypatch):
     seen = []
     train_steps = sequential.N.train_steps
 
-    def recorded(weights, buffers, inputs, steps, losses):
+    def recorded(weights, buffers, inputs, steps, losses, augment):
         if steps.count:
             seen.append((steps.epoch_start, steps.sgd.planned))
-        return train_steps(weights, buffers, inputs, steps, losses)
+        return train_steps(weights, buffers, inputs, steps, losses, augment)
     monkeypatch.setattr(sequential.N, "train_steps", recorded)
     engine.train(model, data, cfg)
     assert sorted(set(seen)) == [(e * quota, 3 * quota) for e in range(3)]
+
+
+def test_the_steps_are_told_to_augment_only_where_the_run_does(monkeypatch):
+    """train_steps' `augment`: True where --augment asks, None otherwise (a
+    None argument keeps the augmenting code out of the compiled steps: a
+    shorter cold start, bench/coldstart.py); the augmented run trains on
+    other images."""
+    data = datasets.synthetic(seed=0, n_train=64, n_test=16)
+    model = models.build("lenet", "synthetic")
+    train_steps = sequential.N.train_steps
+    told = []
+
+    def recorded(weights, buffers, inputs, steps, losses, augment):
+        told.append(augment)
+        return train_steps(weights, buffers, inputs, steps, losses, augment)
+    monkeypatch.setattr(sequential.N, "train_steps", recorded)
+    params = {}
+    for augment in ("none", "crop,flip", "flip"):
+        told.clear()
+        padding = {"crop_padding": 2} if "crop" in augment else {}
+        cfg = engine.TrainConfig(epochs=1, batch_size=16, augment=augment, **padding)
+        params[augment] = engine.train(model, data, cfg).params
+        assert set(told) == ({None} if augment == "none" else {True})
+    assert params["none"].tobytes() != params["crop,flip"].tobytes()

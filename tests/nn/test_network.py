@@ -205,7 +205,7 @@ def test_train_steps_match_pytorch_sgd(preset, sgd):
     for epoch_start in (0, half):
         order = np.arange(epoch_start * b, (epoch_start + half) * b)
         N.train_steps(weights, ws.buffers, inputs, P.Steps(order, 0, half, b, sgd, epoch_start),
-                      losses[epoch_start:])
+                      losses[epoch_start:], None)
     for s in range(steps):
         batch = slice(s * b, (s + 1) * b)
         opt.zero_grad()
