@@ -107,14 +107,13 @@ def conv_paths(k: int, out: int, needs_input_grad: bool, out_width: int = 0,
     `out` channels with `out_width` output columns and `in_floats` floats of
     input per sample (C*H*S), and `out_height` output rows: other sizes than
     3x3 and 5x5 run every pass as GEMMs, a 3x3 conv from many channels to
-    many its weight gradient (GEMM_WEIGHTS_MIN_CHANNELS, _OUT). On a
-    machine with AVX-512 some passes run as explicit vectors
-    (iasgd.nn.simd): a 5x5 conv with whole
-    vectors of output channels, its forward with a block's width of
-    columns, SIMD_MIN_TAPS taps (channels * k * k) or more, and an input
-    that fits in L1 beside a group of weights (SIMD_MAX_FLOATS), its weight
-    gradient from SIMD_WEIGHTS_MIN_TAPS taps; a 3x3 conv's forward with
-    whole blocks of SIMD3_CHANNELS output channels, a vector's width of
+    many its weight gradient (GEMM_WEIGHTS_MIN_CHANNELS, _OUT). On a machine
+    with AVX-512 some passes run as explicit vectors (iasgd.nn.simd): a 5x5
+    conv with whole vectors of output channels, its forward with a block's
+    width of columns, SIMD_MIN_TAPS taps (channels * k * k) or more, and an
+    input that fits in L1 beside a group of weights (SIMD_MAX_FLOATS), its
+    weight gradient from SIMD_WEIGHTS_MIN_TAPS taps; a 3x3 conv's forward
+    with whole blocks of SIMD3_CHANNELS output channels, a vector's width of
     columns and two rows; a 3x3 conv on narrow rows from many channels its
     forward and weight gradient as GEMMs (NARROW_COLUMNS)."""
     if k not in (3, 5):
