@@ -28,18 +28,21 @@ UPDATES = (PROCESSES - 1) * STEPS + FAULT_AT - 1
 
 
 def faulty_worker(rank, params, gate, how, steps=STEPS):
-    """STEPS steps, each adding 1 to the first and the last parameter;
+    """STEPS steps, each adding 1 to the rank's own entry in the first
+    and in the second half of the parameters (own entries: y > 1 lets two
+    writes overlap, and two read-add-writes of one float may lose one);
     but rank 1 fails at its FAULT_AT-th step, `how`: "raise" inside the
     step before applying, "kill" its process while it holds its slot,
     "kill-mid-write" its process halfway through its write."""
     seen = params.detach().numpy()
+    first, second = rank, PROCESSES + rank
     faulty = rank == 1
 
     def write():
-        seen[0] += 1
+        seen[first] += 1
         if dying:
             os.kill(os.getpid(), signal.SIGKILL)
-        seen[-1] += 1
+        seen[second] += 1
 
     for n in range(1, steps + 1):
         with gate.step() as step:
@@ -51,9 +54,14 @@ def faulty_worker(rank, params, gate, how, steps=STEPS):
             step.apply(write)
 
 
+def written(params):
+    """How many updates the first and the second halves hold."""
+    return params[:PROCESSES].sum().item(), params[PROCESSES:].sum().item()
+
+
 @pytest.mark.parametrize("how", ["raise", "kill", "kill-mid-write"])
 def test_a_failing_worker_leaves_the_others_running_within_the_bound(how):
-    params = torch.zeros(8).share_memory_()
+    params = torch.zeros(2 * PROCESSES).share_memory_()
     y = 2
     gate = it.IntervalGate(y, workers=PROCESSES)
     t0 = time.monotonic()
@@ -69,15 +77,15 @@ def test_a_failing_worker_leaves_the_others_running_within_the_bound(how):
     if how == "kill-mid-write":  # counted in V, written halfway, its interval closed
         assert report.left == 1
         assert int(gate.state[G.VERSION]) == UPDATES + 1
-        assert params[0].item() == UPDATES + 1 and params[-1].item() == UPDATES
+        assert written(params) == (UPDATES + 1, UPDATES)
     else:  # its slot was filled with an empty update, its ticket returned
         assert report.left == 1
         assert int(gate.state[G.VERSION]) == UPDATES + 1
-        assert params[0].item() == params[-1].item() == UPDATES
+        assert written(params) == (UPDATES, UPDATES)
 
 
 def test_a_failing_worker_stops_the_others_by_default():
-    params = torch.zeros(8).share_memory_()
+    params = torch.zeros(2 * PROCESSES).share_memory_()
     gate = it.IntervalGate(2, workers=PROCESSES)
     with pytest.raises(it.WorkerError, match="a worker's own bug") as caught:
         gate.run(faulty_worker, args=(params, gate, "raise", 10**9), processes=PROCESSES,
