@@ -65,8 +65,10 @@ LR, MOMENTUM = 0.005, 0.5
 # A --baseline child's tree may predate the Sgd bundle (Steps' lr, momentum
 # and network_loss_and_grad's label smoothing)
 WITH_SGD = "sgd" in Steps._fields
-# and its train_steps the `augment` argument (None: no augmentation)
-NO_AUGMENT = (None,) if "augment" in K.train_steps.py_func.__code__.co_varnames else ()
+# and its train_steps the `augment` and `knobs` arguments (None: no
+# augmentation; the paper's step)
+PAPER_EXTRAS = tuple(None for name in ("augment", "knobs")
+                     if name in K.train_steps.py_func.__code__.co_varnames)
 
 
 def paper_steps(order: np.ndarray, first: int, count: int, batch: int) -> tuple:
@@ -259,7 +261,7 @@ def iasgd_runner(model: models.Model, batch: int, images: np.ndarray,
             K.train_steps(Weights(params, velocity), ws.buffers,
                           Images(flat, labels, *model.image_transform),
                           paper_steps(order, 0, min(limit, count - first), batch),
-                          losses, *NO_AUGMENT)
+                          losses, *PAPER_EXTRAS)
 
     return run
 

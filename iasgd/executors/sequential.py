@@ -22,7 +22,7 @@ from iasgd.executors.epochs import train_in_chunks
 from iasgd.nn import network as N
 from iasgd.nn.augment import augment_argument, image_inputs
 from iasgd.nn.models import Model
-from iasgd.nn.plan import Steps, Weights
+from iasgd.nn.plan import Steps, Weights, knobs_argument
 from iasgd.results import Hooks, Live, RunResult, Snapshot, Status, mean_step_loss, result_meta
 
 # A chunk of steps is one compiled call; between chunks Python updates the
@@ -79,6 +79,8 @@ class SequentialRun(ExecutorBase):
         self.inputs = image_inputs(self.images, data.y_train, model.image_transform,
                                    model.input_shape, cfg.augment, cfg.crop_padding)
         self.augment = augment_argument(self.inputs)
+        self.knobs = knobs_argument(cfg.sgd(self.images.shape[0], model.num_trained),
+                                    model.num_params)
 
     def resume_arrays(self, in_epoch: bool) -> dict[str, ArraySpec]:
         """The shape and dtype of each array a resume takes from a snapshot;
@@ -107,7 +109,7 @@ class SequentialRun(ExecutorBase):
         N.train_steps(self.weights, self.ws.buffers, self.inputs,
                       Steps(np.arange(n_train, dtype=np.int64), 0, 0, self.cfg.batch_size,
                             self.cfg.sgd(n_train, self.model.num_trained), 0), self.losses,
-                      self.augment)
+                      self.augment, self.knobs)
 
     def start_run(self) -> None:
         precompile.load_kernels(self)
@@ -138,7 +140,7 @@ class SequentialRun(ExecutorBase):
                           cfg.sgd(self.images.shape[0], self.model.num_trained), r.applied,
                           augment_seed(cfg.seed, self.epoch))
             done = N.train_steps(self.weights, self.ws.buffers, self.inputs, steps, self.losses,
-                                 self.augment)
+                                 self.augment, self.knobs)
             dt = time.perf_counter() - t0
             self.epoch_time += dt
             self.step += done

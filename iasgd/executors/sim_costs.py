@@ -19,7 +19,7 @@ from iasgd.nn import network as N
 from iasgd.nn.augment import augment_argument, image_inputs
 from iasgd.nn.blas import single_threaded_blas
 from iasgd.nn.models import Model
-from iasgd.nn.plan import Steps, Weights, plain_sgd
+from iasgd.nn.plan import Steps, Weights, knobs_argument, plain_sgd
 
 
 def lognormal_steps(mean_s: float, spread: float) -> Callable[[np.random.Generator], float]:
@@ -49,6 +49,8 @@ def measure_step_times(model: Model, data: Dataset, batch_size: int,
     per_epoch = images.shape[0] // batch_size
     losses = np.zeros(per_epoch)
     times, calls = np.empty(steps), np.empty(steps)
+    sgd = plain_sgd(0.0, 0.0)
+    knobs = knobs_argument(sgd, params.size)
     inputs = image_inputs(images, data.y_train, model.image_transform, model.input_shape, augment,
                           crop_padding)
     with single_threaded_blas():  # as the workers run
@@ -56,8 +58,8 @@ def measure_step_times(model: Model, data: Dataset, batch_size: int,
             for n, out in ((1, times), (0, calls)):
                 t0 = time.perf_counter()
                 N.train_steps(Weights(params, velocity), ws.buffers, inputs,
-                              Steps(order, s % per_epoch, n, batch_size, plain_sgd(0.0, 0.0), 0),
-                              losses, augment_argument(inputs))
+                              Steps(order, s % per_epoch, n, batch_size, sgd, 0),
+                              losses, augment_argument(inputs), knobs)
                 if s:
                     out[s - 1] = time.perf_counter() - t0
     return np.maximum(times - float(np.median(calls)), 1e-6)

@@ -86,6 +86,18 @@ STATISTICS_MOMENTUM = 0.1
 
 
 @jit_inline
+def heavy_ball_update(params, velocity, grad, lr, momentum):
+    """The paper's step (PyTorch's SGD with momentum and no other knob):
+    v = momentum * v + grad; params -= lr * v."""
+    mu = params.dtype.type(momentum)
+    eta = params.dtype.type(lr)
+    for i in range(params.size):
+        v = mu * velocity[i] + grad[i]
+        velocity[i] = v
+        params[i] -= eta * v
+
+
+@jit_inline
 def sgd_momentum_update(params, velocity, grad, lr, sgd, first):
     """One update of parameters [first, first + params.size) of the model's
     flat arrays (params, velocity, grad are those entries).
@@ -100,11 +112,8 @@ def sgd_momentum_update(params, velocity, grad, lr, sgd, first):
     t = min(max(sgd.trained - first, 0), params.size)
     mu = params.dtype.type(sgd.momentum)
     eta = params.dtype.type(lr)
-    if sgd.weight_decay == 0.0 and not sgd.nesterov:  # the paper's heavy ball
-        for i in range(t):
-            v = mu * velocity[i] + grad[i]
-            velocity[i] = v
-            params[i] -= eta * v
+    if sgd.weight_decay == 0.0 and not sgd.nesterov:
+        heavy_ball_update(params[:t], velocity[:t], grad[:t], lr, sgd.momentum)
     else:
         decay = params.dtype.type(sgd.weight_decay)
         for i in range(t):
@@ -251,7 +260,7 @@ def network_loss_and_grad(params, grad, net, acts, dacts, argmax, labels, smooth
 
 
 @jit
-def train_steps(weights, buffers, data, steps, losses, augment):
+def train_steps(weights, buffers, data, steps, losses, augment, knobs):
     """Run steps.count steps of sequential mini-batch SGD (steps.sgd);
     returns the number of steps applied, fewer if a loss is not finite (that
     step's update is not applied: the run has diverged).
@@ -261,8 +270,12 @@ def train_steps(weights, buffers, data, steps, losses, augment):
     codes of step s's stream (iasgd.nn.augment.seed_step from
     steps.aug_seed) where `augment` is True, not augmented where it is None
     (pass iasgd.nn.augment.augment_argument(data): with None the augmenting
-    code is not compiled at all); losses[s] receives its loss. The
-    bundles (Weights, Buffers, Images, Steps) are described in iasgd.nn.plan.
+    code is not compiled at all); losses[s] receives its loss. `knobs`:
+    None where steps.sgd is the paper's step (iasgd.nn.plan.knobs_argument:
+    heavy ball at a constant step size on hard labels, every parameter
+    trained), whose steps then compile nothing of the other knobs; True
+    otherwise. The bundles (Weights, Buffers, Images, Steps) are described
+    in iasgd.nn.plan.
     """
     params, velocity = weights.params, weights.velocity
     acts, bl_all = buffers.acts, buffers.batch_labels
@@ -283,13 +296,16 @@ def train_steps(weights, buffers, data, steps, losses, augment):
         bl = bl_all[:n]
         for i in range(n):
             bl[i] = data.labels[idx[i]]
+        smoothing = 0.0 if knobs is None else steps.sgd.label_smoothing
         losses[s] = network_loss_and_grad(params, buffers.grad, buffers.net, acts,
-                                          buffers.dacts, buffers.argmax, bl,
-                                          steps.sgd.label_smoothing)
+                                          buffers.dacts, buffers.argmax, bl, smoothing)
         if not np.isfinite(losses[s]):
             return s - steps.first
-        lr = scheduled_lr(steps.sgd, steps.epoch_start + s)
-        sgd_momentum_update(params, velocity, buffers.grad, lr, steps.sgd, 0)
+        if knobs is None:
+            heavy_ball_update(params, velocity, buffers.grad, steps.sgd.lr, steps.sgd.momentum)
+        else:
+            lr = scheduled_lr(steps.sgd, steps.epoch_start + s)
+            sgd_momentum_update(params, velocity, buffers.grad, lr, steps.sgd, 0)
     return steps.count
 
 

@@ -82,6 +82,21 @@ def plain_sgd(lr: float, momentum: float, trained: int = ALL_TRAINED) -> Sgd:
     """The paper's step: heavy ball, no weight decay, hard labels, one step
     size throughout."""
     return Sgd(float(lr), float(momentum), 0.0, False, 0.0, 0, 0, 0, int(trained))
+
+
+def knobs_argument(sgd: Sgd, num_params: int) -> bool | None:
+    """network.train_steps' `knobs` for `sgd` on a model of num_params
+    parameters: None where it is the paper's step (heavy ball at a constant
+    step size on hard labels, every parameter trained: plain_sgd's), else
+    True. numba drops the branches on `knobs is None` before typing, so the
+    paper's steps never compile weight decay, Nesterov, label smoothing, the
+    schedule or the running statistics' update (docs/performance.md: the
+    default job's cold start)."""
+    paper = (sgd.weight_decay == 0.0 and not sgd.nesterov and sgd.label_smoothing == 0.0
+             and sgd.decay == 0 and sgd.warmup == 0 and sgd.trained >= num_params)
+    return None if paper else True
+
+
 # A network as the compiled code runs it: the int64 plan table, the table of
 # compiled ops its rows' P_FWD, P_DW and P_DX columns index (iasgd.nn.ops),
 # and `slice_size`: how many samples a pass runs on at most (the capacity of the

@@ -18,10 +18,10 @@ def test_each_epochs_steps_go_on_from_the_updates_before_it(monkeypatch):
     seen = []
     train_steps = sequential.N.train_steps
 
-    def recorded(weights, buffers, inputs, steps, losses, augment):
+    def recorded(weights, buffers, inputs, steps, losses, augment, knobs):
         if steps.count:
             seen.append((steps.epoch_start, steps.sgd.planned))
-        return train_steps(weights, buffers, inputs, steps, losses, augment)
+        return train_steps(weights, buffers, inputs, steps, losses, augment, knobs)
     monkeypatch.setattr(sequential.N, "train_steps", recorded)
     engine.train(model, data, cfg)
     assert sorted(set(seen)) == [(e * quota, 3 * quota) for e in range(3)]
@@ -37,9 +37,9 @@ def test_the_steps_are_told_to_augment_only_where_the_run_does(monkeypatch):
     train_steps = sequential.N.train_steps
     told = []
 
-    def recorded(weights, buffers, inputs, steps, losses, augment):
+    def recorded(weights, buffers, inputs, steps, losses, augment, knobs):
         told.append(augment)
-        return train_steps(weights, buffers, inputs, steps, losses, augment)
+        return train_steps(weights, buffers, inputs, steps, losses, augment, knobs)
     monkeypatch.setattr(sequential.N, "train_steps", recorded)
     params = {}
     for augment in ("none", "crop,flip", "flip"):
@@ -49,3 +49,24 @@ def test_the_steps_are_told_to_augment_only_where_the_run_does(monkeypatch):
         params[augment] = engine.train(model, data, cfg).params
         assert set(told) == ({None} if augment == "none" else {True})
     assert params["none"].tobytes() != params["crop,flip"].tobytes()
+
+
+def test_the_steps_compile_the_other_knobs_only_where_the_run_sets_one(monkeypatch):
+    """train_steps' `knobs`: None in the paper's setting (the default job:
+    its steps compile none of the recipe's knobs), True with weight decay or
+    a schedule, or a model with running statistics."""
+    data = datasets.synthetic(seed=0, n_train=32, n_test=16)
+    train_steps = sequential.N.train_steps
+    told = []
+
+    def recorded(weights, buffers, inputs, steps, losses, augment, knobs):
+        told.append(knobs)
+        return train_steps(weights, buffers, inputs, steps, losses, augment, knobs)
+    monkeypatch.setattr(sequential.N, "train_steps", recorded)
+    mlp = models.build("mlp", "synthetic", hidden=(8,))
+    with_bn = models.build("dense8,bn,relu,dense", "synthetic")
+    for model, knobs, want in ((mlp, {}, None), (mlp, {"weight_decay": 5e-4}, True),
+                               (mlp, {"lr_decay": "cosine"}, True), (with_bn, {}, True)):
+        told.clear()
+        engine.train(model, data, engine.TrainConfig(epochs=1, batch_size=16, **knobs))
+        assert set(told) == {want}

@@ -337,7 +337,7 @@ def test_measured_step_times_leave_out_the_cost_of_calling_from_python(problem, 
     model, data, _ = problem
     clock = [0.0]
 
-    def fake_train_steps(weights, buffers, images, steps, losses, augment):
+    def fake_train_steps(weights, buffers, images, steps, losses, augment, knobs):
         clock[0] += 0.0005 + 0.001 * steps.count
         return steps.count
 

@@ -227,7 +227,8 @@ def assert_sgd_steps_match_torch(model, *, lr: float, momentum: float, weight_de
     sgd = P.plain_sgd(lr, momentum, model.num_trained)._replace(weight_decay=weight_decay)
     network.train_steps(P.Weights(params, np.zeros_like(params)), model.workspace(b).buffers,
                         P.Images(images.reshape(steps * b, -1), labels, *model.image_transform),
-                        P.Steps(np.arange(steps * b), 0, steps, b, sgd, 0), losses, None)
+                        P.Steps(np.arange(steps * b), 0, steps, b, sgd, 0), losses, None,
+                        P.knobs_argument(sgd, params.size))
     for s in range(steps):
         batch = slice(s * b, (s + 1) * b)
         opt.zero_grad()

@@ -155,7 +155,7 @@ def test_augmented_sequential_steps_train_on_the_reference_images():
         losses = np.zeros(steps)
         N.train_steps(weights, model.workspace(b).buffers, data,
                       P.Steps(order, 0, steps, b, P.plain_sgd(0.1, 0.5), 0, aug_seed), losses,
-                      A.augment_argument(data))
+                      A.augment_argument(data), None)
         return params, losses
 
     on = A.image_inputs(images, labels, (SCALE, SHIFT), SHAPE, "crop,flip", 2)

@@ -325,7 +325,7 @@ def test_the_training_step_allocates_nothing(name, b):
         network.train_steps(P.Weights(params, np.zeros_like(params)), ws.buffers,
                       P.Images(images, labels, *m.image_transform),
                       P.Steps(np.arange(6 * b), 0, steps, b, P.plain_sgd(0.001, 0.5), 0),
-                      np.zeros(6), None)
+                      np.zeros(6), None, None)
         return rtsys.get_allocation_stats().alloc - before
 
     was_enabled = _nrt_python.memsys_stats_enabled()

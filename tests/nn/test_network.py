@@ -148,6 +148,39 @@ def test_the_default_schedule_is_the_step_size_itself():
     assert all(N.scheduled_lr(sgd, u) == 0.0123 for u in (0, 1, 10**9))
 
 
+@pytest.mark.parametrize("knob", [{"weight_decay": 5e-4}, {"nesterov": True},
+                                  {"label_smoothing": 0.1}, {"decay": 1}, {"warmup": 3},
+                                  {"trained": 99}])
+def test_only_the_papers_step_leaves_the_other_knobs_out_of_the_steps(knob):
+    """knobs_argument: None (train_steps compiles none of the other knobs)
+    for plain_sgd's step whatever its run's length, True as soon as any
+    other knob is set, or a parameter is a running statistic."""
+    paper = P.plain_sgd(0.01, 0.9)._replace(planned=1000, trained=100)
+    assert P.knobs_argument(paper, 100) is None
+    assert P.knobs_argument(paper._replace(**knob), 100) is True
+
+
+def test_the_papers_steps_are_the_same_with_the_knobs_compiled_or_not():
+    """train_steps of plain_sgd's step with knobs None (heavy_ball_update)
+    and True (scheduled_lr and sgd_momentum_update): the same bits."""
+    from iasgd.nn import models
+    model = models.build("mlp", input_shape=(1, 4, 4), num_classes=3, hidden=(6,))
+    rng = np.random.default_rng(0)
+    b, steps = 4, 6
+    data = P.Images(rng.integers(0, 256, (b * steps, 16), dtype=np.uint8),
+                    rng.integers(0, 3, b * steps), 0.01, -0.5)
+    runs = []
+    for knobs in (None, True):
+        params = model.init(1)
+        weights = P.Weights(params, np.zeros_like(params))
+        losses = np.zeros(steps)
+        N.train_steps(weights, model.workspace(b).buffers, data,
+                      P.Steps(np.arange(b * steps), 0, steps, b, P.plain_sgd(0.1, 0.5), 0),
+                      losses, None, knobs)
+        runs.append((params.tobytes(), weights.velocity.tobytes(), losses.tobytes()))
+    assert runs[0] == runs[1]
+
+
 def torch_schedule(torch, opt, sgd: P.Sgd):
     """sgd's schedule built from PyTorch's own schedulers: LinearLR from
     1/W over the warm-up, then CosineAnnealingLR or LinearLR to 0."""
@@ -205,7 +238,7 @@ def test_train_steps_match_pytorch_sgd(preset, sgd):
     for epoch_start in (0, half):
         order = np.arange(epoch_start * b, (epoch_start + half) * b)
         N.train_steps(weights, ws.buffers, inputs, P.Steps(order, 0, half, b, sgd, epoch_start),
-                      losses[epoch_start:], None)
+                      losses[epoch_start:], None, P.knobs_argument(sgd, params.size))
     for s in range(steps):
         batch = slice(s * b, (s + 1) * b)
         opt.zero_grad()
