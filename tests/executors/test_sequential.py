@@ -9,22 +9,29 @@ from iasgd.executors import sequential
 from iasgd.nn import models
 
 
+def record_steps_calls(monkeypatch) -> list:
+    """The (steps, augment, knobs) arguments of every train_steps call the
+    sequential runner makes from now on (the calls still run)."""
+    train_steps = sequential.N.train_steps
+    calls = []
+
+    def recorded(weights, buffers, inputs, steps, losses, augment, knobs):
+        calls.append((steps, augment, knobs))
+        return train_steps(weights, buffers, inputs, steps, losses, augment, knobs)
+    monkeypatch.setattr(sequential.N, "train_steps", recorded)
+    return calls
+
+
 def test_each_epochs_steps_go_on_from_the_updates_before_it(monkeypatch):
     # the step size's schedule counts the run's updates, not the epoch's
     data = datasets.synthetic(seed=0, n_train=200, n_test=50)
     model = models.build("lenet", "synthetic")
     cfg = engine.TrainConfig(epochs=3, batch_size=16, lr_decay="linear")
     quota = engine.steps_per_epoch(200, 16)
-    seen = []
-    train_steps = sequential.N.train_steps
-
-    def recorded(weights, buffers, inputs, steps, losses, augment, knobs):
-        if steps.count:
-            seen.append((steps.epoch_start, steps.sgd.planned))
-        return train_steps(weights, buffers, inputs, steps, losses, augment, knobs)
-    monkeypatch.setattr(sequential.N, "train_steps", recorded)
+    calls = record_steps_calls(monkeypatch)
     engine.train(model, data, cfg)
-    assert sorted(set(seen)) == [(e * quota, 3 * quota) for e in range(3)]
+    seen = {(steps.epoch_start, steps.sgd.planned) for steps, _, _ in calls if steps.count}
+    assert sorted(seen) == [(e * quota, 3 * quota) for e in range(3)]
 
 
 def test_the_steps_are_told_to_augment_only_where_the_run_does(monkeypatch):
@@ -34,20 +41,14 @@ def test_the_steps_are_told_to_augment_only_where_the_run_does(monkeypatch):
     other images."""
     data = datasets.synthetic(seed=0, n_train=64, n_test=16)
     model = models.build("lenet", "synthetic")
-    train_steps = sequential.N.train_steps
-    told = []
-
-    def recorded(weights, buffers, inputs, steps, losses, augment, knobs):
-        told.append(augment)
-        return train_steps(weights, buffers, inputs, steps, losses, augment, knobs)
-    monkeypatch.setattr(sequential.N, "train_steps", recorded)
+    calls = record_steps_calls(monkeypatch)
     params = {}
     for augment in ("none", "crop,flip", "flip"):
-        told.clear()
+        calls.clear()
         padding = {"crop_padding": 2} if "crop" in augment else {}
         cfg = engine.TrainConfig(epochs=1, batch_size=16, augment=augment, **padding)
         params[augment] = engine.train(model, data, cfg).params
-        assert set(told) == ({None} if augment == "none" else {True})
+        assert {told for _, told, _ in calls} == ({None} if augment == "none" else {True})
     assert params["none"].tobytes() != params["crop,flip"].tobytes()
 
 
@@ -56,17 +57,11 @@ def test_the_steps_compile_the_other_knobs_only_where_the_run_sets_one(monkeypat
     its steps compile none of the recipe's knobs), True with weight decay or
     a schedule, or a model with running statistics."""
     data = datasets.synthetic(seed=0, n_train=32, n_test=16)
-    train_steps = sequential.N.train_steps
-    told = []
-
-    def recorded(weights, buffers, inputs, steps, losses, augment, knobs):
-        told.append(knobs)
-        return train_steps(weights, buffers, inputs, steps, losses, augment, knobs)
-    monkeypatch.setattr(sequential.N, "train_steps", recorded)
+    calls = record_steps_calls(monkeypatch)
     mlp = models.build("mlp", "synthetic", hidden=(8,))
     with_bn = models.build("dense8,bn,relu,dense", "synthetic")
     for model, knobs, want in ((mlp, {}, None), (mlp, {"weight_decay": 5e-4}, True),
                                (mlp, {"lr_decay": "cosine"}, True), (with_bn, {}, True)):
-        told.clear()
+        calls.clear()
         engine.train(model, data, engine.TrainConfig(epochs=1, batch_size=16, **knobs))
-        assert set(told) == {want}
+        assert {told for _, _, told in calls} == {want}
