@@ -164,7 +164,7 @@ class Lowering:
     """The state of a lowering: the current map (c, h, w with row stride s
     at x_off; `spatial` until flattened), the rows so far, and the
     workspace they lay out (`acts` floats, `argmax` pooling indices, the
-    per-sample `scratch` that conv paths share after the activations)."""
+    `scratch` that conv paths share after the activations)."""
 
     def __init__(self, input_shape: Shape, capacity: int, slice_size: int,
                  offsets: Mapping[str, int], codes: Mapping[RowOp, int]) -> None:
@@ -225,8 +225,8 @@ class Lowering:
         return int(relu)
 
     def needs_scratch(self, row: list[int], floats: int) -> None:
-        """`row` uses `floats` of per-sample scratch, shared by every row
-        that does (they use it one sample at a time), after the activations."""
+        """`row` uses `floats` of scratch, shared by every row that does (one
+        row's pass uses it at a time), after the activations."""
         self.scratch = max(self.scratch, floats)
         self._scratch_rows.append(row)
 

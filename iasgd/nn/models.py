@@ -240,8 +240,8 @@ def lower(arch: Architecture, layout: list, capacity: int,
     conv, a ReLU works in place, a flatten of a map without junk columns
     costs nothing, a pool writes inside the zero border the next layer
     wants); the fusion step here joins a ReLU to its neighbour (`_fuse_relu`).
-    Rows whose passes need scratch (conv paths) share one sample's worth
-    after the activations.
+    Rows whose passes need scratch (conv paths) share one region, as large
+    as the largest needs, after the activations.
     """
     shapes = layer_shapes(arch)
     slice_size = min(capacity, slice_size or capacity)

@@ -112,7 +112,7 @@ Net = namedtuple("Net", ["plan", "ops", "slice_size"])
 # if the row's input needs a gradient (a row before it has parameters), else
 # its backward stops at its own weights; PATH: how a conv runs its passes
 # (GEMM or explicit-vector bits, iasgd.nn.layers.conv); COFF: where the
-# per-sample scratch of those paths starts in acts (forward) and dacts
+# scratch of those paths starts in acts (forward) and dacts
 # (backward); SOFF: running statistics in the parameters (batch norm).
 # FWD, DW, DX: the positions in the op table (Net.ops) of the row's forward,
 # weight-gradient and input-gradient functions (iasgd.nn.ops fills them in).

@@ -30,9 +30,9 @@ from iasgd.nn.plan import (
     P_H,
     P_K,
     P_OH,
-    P_OS,
     P_OW,
     P_PATH,
+    P_S,
     P_W,
     P_WOFF,
     bias,
@@ -140,14 +140,15 @@ def conv_paths(k: int, out: int, needs_input_grad: bool, out_width: int = 0,
 
 def scratch_floats(c: int, k: int, out: int, out_height: int, out_width: int, stride: int,
                    bits: int) -> int:
-    """Floats of per-sample scratch the GEMM and explicit-vector passes of a
-    conv need (`bits`: its PATH bits): the GEMMs the column matrix and two
-    (C*k*k, out) weight gradients; conv5_forward_lanes the reordered weights
-    and one block of accumulators, conv3_forward_lanes the reordered
-    weights, conv5_weights_lanes a sample's output gradient of 16 channels
-    and their weight gradient."""
+    """Floats of scratch the GEMM and explicit-vector passes of a conv need
+    (`bits`: its PATH bits), in acts and in dacts alike: the GEMMs a block of
+    samples' column matrices and products (iasgd.nn.conv.gemm.scratch_sizes);
+    conv5_forward_lanes the reordered weights and one block of accumulators,
+    conv3_forward_lanes the reordered weights, conv5_weights_lanes a sample's
+    output gradient of 16 channels and their weight gradient."""
     ckk = c * k * k
-    gemms = ckk * out_height * stride + 2 * ckk * out if bits & GEMM_ALL else 0
+    gemms = (max(gemm.scratch_sizes(ckk, out, out_height, out_width, stride))
+             if bits & GEMM_ALL else 0)
     block = SIMD_BLOCK * simd.LANES if k == 5 else 0
     forward = ckk * out + block if bits & SIMD_FORWARD else 0
     weights = (out_height * out_width + ckk) * simd.LANES if bits & SIMD_WEIGHTS else 0
@@ -231,10 +232,12 @@ def conv5_simd_forward_op(params, grad, plan, i, acts, dacts, argmax, n):
 
 def conv_gemm_forward_op(params, grad, plan, i, acts, dacts, argmax, n):
     row = plan[i]
-    CKK, OL = row[P_C] * row[P_K] * row[P_K], row[P_OH] * row[P_OS]
+    CKK = row[P_C] * row[P_K] * row[P_K]
+    cols = gemm_columns(row)
     gemm.conv_forward_gemm(input4(acts, row, n), view2(params, row[P_WOFF], row[P_CO], CKK),
                            bias(params, row), output3(acts, row, n), row[P_W],
-                           view2(acts, row[P_COFF], CKK, OL))
+                           scratch(acts, row, 0, CKK * cols), scratch(acts, row, CKK * cols,
+                                                                     row[P_CO] * cols))
 
 
 def conv5_weights_op(params, grad, plan, i, acts, dacts, argmax, n):
@@ -259,11 +262,14 @@ def conv3_weights_op(params, grad, plan, i, acts, dacts, argmax, n):
 def conv_gemm_weights_op(params, grad, plan, i, acts, dacts, argmax, n):
     row = plan[i]
     CO, CKK = row[P_CO], row[P_C] * row[P_K] * row[P_K]
+    cols = gemm_columns(row)
+    sums = CO * cols
     gemm.conv_backward_weights_gemm(input4(acts, row, n), output3(dacts, row, n),
                                     view2(grad, row[P_WOFF], CO, CKK), bias(grad, row),
-                                    row[P_W], view2(acts, row[P_COFF], CKK, row[P_OH] * row[P_OS]),
-                                    view2(dacts, row[P_COFF], CKK, CO),
-                                    view2(dacts, row[P_COFF] + CKK * CO, CKK, CO))
+                                    row[P_W], scratch(acts, row, 0, CKK * cols),
+                                    scratch(dacts, row, 0, sums),
+                                    view2(dacts, row[P_COFF] + sums, CKK, CO),
+                                    view2(dacts, row[P_COFF] + sums + CKK * CO, CKK, CO))
 
 
 def conv5_input_op(params, grad, plan, i, acts, dacts, argmax, n):
@@ -280,10 +286,25 @@ def conv3_input_op(params, grad, plan, i, acts, dacts, argmax, n):
 
 def conv_gemm_input_op(params, grad, plan, i, acts, dacts, argmax, n):
     row = plan[i]
-    CKK = row[P_C] * row[P_K] * row[P_K]
-    gemm.conv_backward_input_gemm(view2(params, row[P_WOFF], row[P_CO], CKK),
+    CO, CKK = row[P_CO], row[P_C] * row[P_K] * row[P_K]
+    cols = gemm_columns(row)
+    gemm.conv_backward_input_gemm(view2(params, row[P_WOFF], CO, CKK),
                                   output3(dacts, row, n), input4(dacts, row, n), row[P_W],
-                                  view2(dacts, row[P_COFF], CKK, row[P_OH] * row[P_OS]))
+                                  scratch(dacts, row, 0, CO * cols),
+                                  scratch(dacts, row, CO * cols, CKK * cols))
+
+
+@jit_inline
+def gemm_columns(row):
+    """The columns of one GEMM block of a conv row (iasgd.nn.conv.gemm)."""
+    positions = row[P_OH] * gemm.column_stride(row[P_S], row[P_OW])
+    return gemm.block_samples(positions) * positions
+
+
+@jit_inline
+def scratch(flat, row, start, size):
+    """`size` floats of a row's scratch from its `start`th, flat."""
+    return flat[row[P_COFF] + start:row[P_COFF] + start + size]
 
 
 @jit_inline

@@ -144,14 +144,23 @@ def path_shape(path, shape):
     return shape
 
 
+def gemm_scratch(x, w, W):
+    """The GEMM passes' flat scratch, acts' and dacts', NaN: all they read they wrote."""
+    _, C, H, _ = x.shape
+    O, _, k, _ = w.shape
+    sizes = gemm.scratch_sizes(C * k * k, O, H - k + 1, W - k + 1, x.shape[3])
+    return [np.full(size, np.nan, x.dtype) for size in sizes]
+
+
 def conv_forward(path, x, w, b, out, W):
     if path == "direct":
         conv_forward_direct(x, w, b, out, W)
         return
-    _, C, H, S = x.shape
-    O, _, k, _ = w.shape
-    col = np.full((C * k * k, (H - k + 1) * S), np.nan, x.dtype)  # all of it written
-    gemm.conv_forward_gemm(x, w.reshape(O, -1), b, out, W, col)
+    O = w.shape[0]
+    CKK = w[0].size
+    acts, _ = gemm_scratch(x, w, W)
+    cols = acts.size // (CKK + O)
+    gemm.conv_forward_gemm(x, w.reshape(O, -1), b, out, W, acts[:CKK * cols], acts[CKK * cols:])
 
 
 def conv_backward(path, x, w, dout, dw, db, dx, W):
@@ -159,12 +168,17 @@ def conv_backward(path, x, w, dout, dw, db, dx, W):
         conv_backward_weights_direct(x, dout, dw, db, W)
         conv_backward_input_direct(w, dout, dx, W)
         return
-    _, C, H, S = x.shape
-    O, _, k, _ = w.shape
-    col = np.full((C * k * k, (H - k + 1) * S), np.nan, x.dtype)
-    acc, tmp = (np.full((C * k * k, O), np.nan, x.dtype) for _ in range(2))
-    gemm.conv_backward_weights_gemm(x, dout, dw.reshape(O, -1), db, W, col, acc, tmp)
-    gemm.conv_backward_input_gemm(w.reshape(O, -1), dout, dx, W, col)
+    O = w.shape[0]
+    CKK = w[0].size
+    acts, dacts = gemm_scratch(x, w, W)
+    cols = acts.size // (CKK + O)
+    sums = O * cols
+    acc = dacts[sums:sums + CKK * O].reshape(CKK, O)
+    tmp = dacts[sums + CKK * O:sums + 2 * CKK * O].reshape(CKK, O)
+    gemm.conv_backward_weights_gemm(x, dout, dw.reshape(O, -1), db, W, acts[:CKK * cols],
+                                    dacts[:sums], acc, tmp)
+    gemm.conv_backward_input_gemm(w.reshape(O, -1), dout, dx, W, dacts[:sums],
+                                  dacts[sums:sums + CKK * cols])
 
 
 @pytest.mark.parametrize("path", CONV_PATHS)
@@ -216,6 +230,50 @@ def test_conv_backward_any_kernel_matches_finite_differences(path, shape):
                 for kh in range(k):
                     for kw in range(k):
                         ref_dx[n, c, kh:kh + OH, kw:kw + OW] += w[o, c, kh, kw] * R[n, o]
+    assert rel_err(dx[..., :W], ref_dx) < 1e-12
+    assert np.all(dx[..., W:] == 0)
+
+
+# Blocks of samples: (N, H, W, S) with more samples than one GEMM block holds
+# and a last block of one sample, in both column layouts, and R, a row's
+# columns: 28 valid in rows of 30 (junk under an eighth: whole rows, 210
+# columns a sample, blocks of 2, the last computed in place), 8 in rows of 10
+# (the valid ones: 64 a sample, blocks of 8), 20 in rows of 23 (blocks of 2).
+BLOCKED = [(5, 9, 30, 30, 30), (9, 10, 10, 10, 8), (5, 12, 22, 23, 20)]
+
+
+@pytest.mark.parametrize(("N", "H", "W", "S", "R"), BLOCKED)
+def test_gemm_passes_over_several_blocks_match_numpy(N, H, W, S, R):
+    C, O, k = 2, 3, 3
+    OH, OW = H - k + 1, W - k + 1
+    assert gemm.column_stride.py_func(S, OW) == R
+    assert gemm.block_samples.py_func(OH * R) < N  # several blocks
+    assert N % gemm.block_samples.py_func(OH * R) == 1  # the last is one sample
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((N, C, H, S))  # junk columns hold garbage
+    w = rng.standard_normal((O, C, k, k))
+    b = rng.standard_normal(O)
+    R_out = rng.standard_normal((N, O, OH, OW))
+    dout = np.zeros((N, O, OH, S))  # an output gradient's junk columns are 0
+    dout[..., :OW] = R_out
+    dout = dout.reshape(N, O, OH * S)
+
+    out = np.full((N, O, OH * S), np.nan)
+    conv_forward("gemm", x, w, b, out, W)
+    out = out.reshape(N, O, OH, S)
+    assert rel_err(out[..., :OW], conv2d_valid(x[..., :W], w, b)) < 1e-12
+    assert np.all(out[..., OW:] == 0)
+
+    dw, db, dx = np.full_like(w, np.nan), np.full_like(b, np.nan), np.full_like(x, np.nan)
+    conv_backward("gemm", x, w, dout, dw, db, dx, W)
+    windows = np.lib.stride_tricks.sliding_window_view(x[..., :W], (k, k), axis=(2, 3))
+    assert rel_err(dw, np.einsum("nchwij,nohw->ocij", windows, R_out)) < 1e-12
+    assert rel_err(db, R_out.sum(axis=(0, 2, 3))) < 1e-12
+    ref_dx = np.zeros((N, C, H, W))
+    for kh in range(k):
+        for kw in range(k):
+            ref_dx[:, :, kh:kh + OH, kw:kw + OW] += np.einsum("oc,nohw->nchw", w[:, :, kh, kw],
+                                                              R_out)
     assert rel_err(dx[..., :W], ref_dx) < 1e-12
     assert np.all(dx[..., W:] == 0)
 
