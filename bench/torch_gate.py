@@ -38,6 +38,8 @@ torch-gate-<mode>.json (--out). A long run (2 models x 3 seeds x 2 arms x
         --out bench/results/torch-gate-accuracy-lenet-lr0.01.json
     python bench/torch_gate.py accuracy --models resnet --eval-s 10 \
         --out bench/results/torch-gate-accuracy-resnet.json
+    python bench/torch_gate.py accuracy --models resnet --lr 0.01 --eval-s 10 --seconds 300 \
+        --out bench/results/torch-gate-accuracy-resnet-lr0.01.json
 
 (the ResNet file is from before the held start: its clock includes the
 start-up, which its first evaluation, at 0 updates, measures; docs/pytorch.md
