@@ -36,6 +36,8 @@ torch-gate-<mode>.json (--out). A long run (2 models x 3 seeds x 2 arms x
         --out bench/results/torch-gate-accuracy-lenet-lr0.02.json
     python bench/torch_gate.py accuracy --models lenet --lr 0.01 --seconds 300 \
         --out bench/results/torch-gate-accuracy-lenet-lr0.01.json
+    python bench/torch_gate.py accuracy --models lenet --lr 0.01 --seconds 300 --eval-s 2.5 \
+        --out bench/results/torch-gate-accuracy-lenet-lr0.01-eval2.5.json
     python bench/torch_gate.py accuracy --models resnet --eval-s 10 \
         --out bench/results/torch-gate-accuracy-resnet.json
     python bench/torch_gate.py accuracy --models resnet --lr 0.01 --eval-s 10 --seconds 300 \
