@@ -193,6 +193,14 @@ def copy_values(src, dst):
 
 
 @jit_inline
+def add_values(src, dst):
+    """dst[i] += src[i] for the 1-D arrays' src.size elements (a loop from 0:
+    no wraparound checks, so it vectorises)."""
+    for i in range(src.size):
+        dst[i] += src[i]
+
+
+@jit_inline
 def total(v):
     """The sum of a 1-d array, in its dtype."""
     s = v.dtype.type(0)

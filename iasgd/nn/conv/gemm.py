@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from iasgd.compiled import jit_inline
-from iasgd.nn.plan import copy_values, total
+from iasgd.nn.plan import add_values, copy_values, total
 
 # Output positions a block of samples aims at: with 512 columns BLAS ran
 # vgg-bn's 64 -> 128 conv's three products 5-7 % faster than with one
@@ -41,6 +41,18 @@ def column_stride(S, OW):
 def block_samples(positions):
     """Samples per GEMM block for `positions` (OH*R) columns each."""
     return max(1, GEMM_COLUMNS // positions)
+
+
+@jit_inline
+def block_geometry(H, S, width, k):
+    """(OH, OW, R, P, B) of a k x k conv on H rows of S floats, `width` of
+    them valid: the output's rows and valid columns, the columns a row of
+    outputs takes (column_stride), a sample's columns and the samples of a
+    block."""
+    OH, OW = H - k + 1, width - k + 1
+    R = column_stride(S, OW)
+    P = OH * R
+    return OH, OW, R, P, block_samples(P)
 
 
 def scratch_sizes(ckk: int, out: int, out_height: int, out_width: int,
@@ -113,14 +125,6 @@ def col2im(dcol, S, k, OH, OW, R, at, dxf):
 
 
 @jit_inline
-def add_values(src, dst):
-    """dst[i] += src[i] for the 1-D arrays' src.size elements (a loop from 0:
-    no wraparound checks, so it vectorises)."""
-    for i in range(src.size):
-        dst[i] += src[i]
-
-
-@jit_inline
 def gather_output(dout, OH, OW, R, D, at):
     """One sample's output gradient dout (O, OH*S) wide into D's columns
     from `at`: its valid positions, and 0 in the junk ones where R > OW."""
@@ -159,10 +163,7 @@ def conv_forward_gemm(x, w2, b, out, width, colf, resf):
     N, C, H, S = x.shape
     O, CKK = w2.shape
     k = kernel_size(CKK, C)
-    OH, OW = H - k + 1, width - k + 1
-    R = column_stride(S, OW)
-    P = OH * R
-    B = block_samples(P)
+    OH, OW, R, P, B = block_geometry(H, S, width, k)
     xf = x.reshape((N, C, H * S))
     for n0 in range(0, N, B):
         nb = min(B, N - n0)
@@ -194,10 +195,7 @@ def conv_backward_weights_gemm(x, dout, dw2, db, width, colf, df, acc, tmp):
     N, C, H, S = x.shape
     O, CKK = dw2.shape
     k = kernel_size(CKK, C)
-    OH, OW = H - k + 1, width - k + 1
-    R = column_stride(S, OW)
-    P = OH * R
-    B = block_samples(P)
+    OH, OW, R, P, B = block_geometry(H, S, width, k)
     xf = x.reshape((N, C, H * S))
     db[:] = 0
     for n0 in range(0, N, B):
@@ -228,10 +226,7 @@ def conv_backward_input_gemm(w2, dout, dx, width, df, dcolf):
     N, C, H, S = dx.shape
     CKK = w2.shape[1]
     k = kernel_size(CKK, C)
-    OH, OW = H - k + 1, width - k + 1
-    R = column_stride(S, OW)
-    P = OH * R
-    B = block_samples(P)
+    OH, OW, R, P, B = block_geometry(H, S, width, k)
     dxf = dx.reshape((N, C, H * S))
     for n0 in range(0, N, B):
         nb = min(B, N - n0)

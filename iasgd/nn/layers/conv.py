@@ -297,8 +297,8 @@ def conv_gemm_input_op(params, grad, plan, i, acts, dacts, argmax, n):
 @jit_inline
 def gemm_columns(row):
     """The columns of one GEMM block of a conv row (iasgd.nn.conv.gemm)."""
-    positions = row[P_OH] * gemm.column_stride(row[P_S], row[P_OW])
-    return gemm.block_samples(positions) * positions
+    _, _, _, P, B = gemm.block_geometry(row[P_H], row[P_S], row[P_W], row[P_K])
+    return P * B
 
 
 @jit_inline
