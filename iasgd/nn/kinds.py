@@ -215,6 +215,23 @@ class Lowering:
         self.rows.append(row)
         return row
 
+    def take_back(self, op: RowOp) -> list[int] | None:
+        """The last row if it is a row of `op` without a fused ReLU, taken
+        back with the map it wrote (the last one allocated): the current map
+        is that row's input again, for the next row to take the row's work
+        into its own (a pool takes a batch norm's). None, and nothing
+        changed, otherwise."""
+        row = self.rows[-1] if self.rows else None
+        if row is None or row[P.P_OP] != self._codes[op] or row[P.P_RELU]:
+            return None
+        size = row[P.P_CO] * row[P.P_OH] * row[P.P_OS]
+        if row[P.P_ZOFF] + self.capacity * size != self.acts or row[P.P_ZOFF] != self.x_off:
+            return None
+        self.rows.pop()
+        self.acts = row[P.P_ZOFF]
+        self.move(row[P.P_XOFF], row[P.P_C], row[P.P_H], row[P.P_W], row[P.P_S])
+        return row
+
     def move(self, z_off: int, c: int, h: int, w: int, s: int, border: int = 0) -> None:
         """The current map is now (c, h, w; s) at z_off, inside `border`."""
         self.x_off, self.c, self.h, self.w, self.s, self.border = z_off, c, h, w, s, border

@@ -57,7 +57,7 @@ def test_the_spec_and_the_plan():
     assert m.shapes[6].shape == (8,)  # the channels, whatever the plane
     names = [layers.row_op(row).name for row in m.workspace(2).plan]
     # a ReLU before it stays a row of its own (a mean and ReLU do not commute)
-    assert names == ["pad", "conv", "bn", "pool", "conv", "relu", "gap", "dense"]
+    assert names == ["pad", "conv", "bn+pool", "conv", "relu", "gap", "dense"]
     with pytest.raises(ValueError, match=r"gap .*needs an image"):
         models.build("flatten,gap,dense", "cifar10")
 
