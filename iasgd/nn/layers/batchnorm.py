@@ -13,7 +13,9 @@ and exports hold them, and the gate covers their writes like any update's
 (docs/algorithms.md, "Batch normalisation").
 
 Its row writes a map of its own (the input stays for the backward), wide
-rows like its input; a ReLU right after it is fused into it. The weight
+rows like its input; a ReLU right after it is fused into it. Right before a
+max-pool it is no row of its own: the pool's row does its work
+(iasgd.nn.layers.pool, BN_ROW, with the statistics and passes here). The weight
 gradient pass also applies that ReLU's backward, and the input gradient
 pass reads the weight gradient it just wrote.
 """

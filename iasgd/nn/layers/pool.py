@@ -6,6 +6,14 @@ when the next layer wants a zero border around its input (a "same" conv)
 the pool writes inside that border, so the conv needs no pad row. Each
 window's maximum is remembered (argmax, the first on ties) for the
 backward pass.
+
+A batch norm right before it (a ReLU between or not) is fused into it too,
+as one row: each window's four inputs are normalised as the pool reads
+them. As two rows the batch norm wrote a whole map that only the pool read,
+and backward the pool wrote a whole map of gradients, zero but at the
+maxima, that the batch norm read twice; fused, forward writes the pooled
+map alone, and backward the batch norm's sums run over the pooled
+gradients.
 """
 
 from __future__ import annotations

@@ -32,7 +32,8 @@ from iasgd.nn.layers.batchnorm import (
 SHAPES = settings(max_examples=15, deadline=None)
 SPECS = ["conv6k3s,bn,relu,pool,conv8k3s,bn,relu,pool,dense16,bn,relu,dense",
          "bn,conv4k3v,bn,relu,conv4k3v,bn,pool,dense",  # on the input; a ReLU fused into it
-         "conv5k3,relu,bn,flatten,dense12,bn,dense"]  # after a ReLU; on a vector
+         "conv5k3,relu,bn,flatten,dense12,bn,dense",  # after a ReLU; on a vector
+         "bn,relu,pool,dense"]  # fused into the pool on the input: no input gradient
 
 
 def reference_bn(x: np.ndarray, gamma, beta, mean=None, var=None) -> np.ndarray:

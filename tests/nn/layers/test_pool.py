@@ -175,15 +175,18 @@ def test_a_fused_batch_norm_routes_ties_to_the_first_maximum():
     own row (and PyTorch's max_pool2d), for each pair of a window's
     positions, also where gamma < 0 turns the window's minimum into its
     maximum."""
-    # four windows in rows of 8: ties at (0, 1), (1, S), (S, S + 1), (0, S + 1)
-    x = np.array([[[[3.0, 3.0, 1.0, 3.0, 1.0, 1.0, 3.0, 1.0],
-                    [1.0, 1.0, 3.0, 1.0, 3.0, 3.0, 1.0, 3.0]]]])
-    out, argmax = np.zeros((1, 1, 1, 4)), np.zeros((1, 1, 1, 4), np.int32)
+    # six windows in rows of S = 12, their maxima tied at positions (0, 1),
+    # (1, S), (S, S + 1), (0, S + 1), (0, S), (1, S + 1) of the window
+    x = np.array([[[[3.0, 3.0, 1.0, 3.0, 1.0, 1.0, 3.0, 1.0, 3.0, 1.0, 1.0, 3.0],
+                    [1.0, 1.0, 3.0, 1.0, 3.0, 3.0, 1.0, 3.0, 3.0, 1.0, 1.0, 3.0]]]])
+    out, argmax = np.zeros((1, 1, 1, 6)), np.zeros((1, 1, 1, 6), np.int32)
     one, zero = np.ones(1), np.zeros(1)
-    bn_maxpool2_forward(x, 8, one, zero, zero, one, False, out, 0, argmax, False)
-    assert argmax.ravel().tolist() == [0, 3, 12, 6]
-    bn_maxpool2_forward(x, 8, -one, zero, zero, one, False, out, 0, argmax, False)
-    assert argmax.ravel().tolist() == [8, 2, 4, 7]  # the 1.0s: ties at (S, S + 1), (0, S + 1), ...
+    bn_maxpool2_forward(x, 12, one, zero, zero, one, False, out, 0, argmax, False)
+    assert argmax.ravel().tolist() == [0, 3, 16, 6, 8, 11]
+    # gamma < 0: the 1.0s are the maxima, tied at (S, S + 1), (0, S + 1),
+    # (0, 1), (1, S), (1, S + 1), (0, S)
+    bn_maxpool2_forward(x, 12, -one, zero, zero, one, False, out, 0, argmax, False)
+    assert argmax.ravel().tolist() == [12, 2, 4, 7, 9, 10]
 
 
 def test_a_fused_batch_norm_predicts_with_the_running_statistics():
