@@ -15,8 +15,9 @@ from iasgd.algorithms import ALGORITHMS, POLICIES
 from iasgd.config import TrainConfig
 from iasgd.data import Dataset
 from iasgd.executors.base import EpochEnd, mean_loss
-from iasgd.nn.augment import image_inputs
+from iasgd.nn.augment import augment_argument, image_inputs
 from iasgd.nn.models import Model
+from iasgd.nn.plan import knobs_argument
 from iasgd.protocol import gate as G
 from iasgd.protocol import workers as W
 from iasgd.results import HIST_BINS, RunResult, summarize, trimmed
@@ -63,6 +64,10 @@ class WorkerArrays:
         images = data.x_train.reshape(data.x_train.shape[0], -1)
         self.inputs = image_inputs(images, data.y_train, model.image_transform,
                                    model.input_shape, cfg.augment, cfg.crop_padding)
+        # the steps' flags (iasgd.protocol.workers): None compiles no augmentation
+        # and only the paper's update
+        self.augment = augment_argument(self.inputs)
+        self.knobs = knobs_argument(self.rule.sgd, P)
         one = model.workspace(cfg.batch_size) if one_workspace else None
         self.own = [W.new_own(one if one is not None else model.workspace(cfg.batch_size),
                               self.local[w], self.counters[w], self.hist[w], self.losses[w],

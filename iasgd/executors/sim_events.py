@@ -156,7 +156,8 @@ class Simulation(WorkerArrays):
         if self.locks and not self.take_lock(w):
             return False
         wk.gen, wk.switched = gen, False
-        wk.v_read = int(W.read_step(self.rule, self.shared, self.inputs, self.own[w], True))
+        wk.v_read = int(W.read_step(self.rule, self.shared, self.inputs, self.own[w], True,
+                                         self.augment))
         drawn = self.step_time(self.rng) * (1.0 + self.costs.contention * (self.busy() - 1))
         wk.compute_s = max(drawn - self.costs.apply_s, 0.0)
         self.set_phase(w, READ, self.read_s)
@@ -181,9 +182,9 @@ class Simulation(WorkerArrays):
         workers share one workspace, so the gradient is computed here, right
         before the apply that uses it)."""
         wk, own = self.workers[w], self.own[w]
-        W.gather_batch(self.inputs, own)
-        loss = W.compute_step(self.rule, self.shared, own, own.local)
-        if W.apply_step(wk.gen, wk.v_read, loss, self.rule, self.shared, own) < 0:
+        W.gather_batch(self.inputs, own, self.augment)
+        loss = W.compute_step(self.rule, self.shared, own, own.local, self.knobs)
+        if W.apply_step(wk.gen, wk.v_read, loss, self.rule, self.shared, own, self.knobs) < 0:
             self.stop_run(Status.DIVERGED)
         elif self.waits_for_slot and self.state[G.GEN_TAKEN] & 0xFFFFFFFF == 0:
             self.runnable.extend(self.waiting)  # an interval opened: they try for a slot
@@ -401,12 +402,13 @@ class Simulation(WorkerArrays):
                 self.stop_run(Status.TIME_BUDGET)
                 break
             losses = [W.round_gradient(self.rule, self.shared, self.inputs, self.own[w],
-                                       self.grads[w]) for w in range(active)]
+                                       self.grads[w], self.augment, self.knobs)
+                      for w in range(active)]
             if not all(math.isfinite(loss) for loss in losses):
                 self.stop_run(Status.DIVERGED)
                 break
             W.apply_round(self.rule, self.shared, self.grads, active, int(self.state[G.DONE]), 0, P,
-                          self.own[0].grad)
+                          self.own[0].grad, self.knobs)
             for w, loss in enumerate(losses):
                 W.record_update(self.own[w], self.shared, 0, loss)
             self.state[G.VERSION] += 1

@@ -149,9 +149,10 @@ class Team(WorkerArrays):
     def _call_loop(self, wid: int) -> None:
         if ALGORITHMS[self.cfg.algo].loop == "sync":
             W.sync_worker(wid, self.cfg.threads, self.rule, self.shared, self.inputs,
-                          self.own[wid], self.grads, self.senses[wid])
+                          self.own[wid], self.grads, self.senses[wid], self.augment, self.knobs)
         else:
-            W.async_worker(wid, self.rule, self.shared, self.inputs, self.own[wid])
+            W.async_worker(wid, self.rule, self.shared, self.inputs, self.own[wid], self.augment,
+                           self.knobs)
 
     def check_diverged(self) -> bool:
         """Mark the run diverged if the parameters are not finite (a loss can

@@ -52,18 +52,13 @@ def next_random(rng):
     return z ^ (z >> np.uint64(31))
 
 
-@jit_inline
-def augmenting(data):
-    """Whether the Images bundle `data` (iasgd.nn.plan) asks for augmentation."""
-    return data.pad > 0 or data.flip
-
-
 def augment_argument(data: Images) -> bool | None:
-    """network.train_steps' `augment` for the Images bundle `data`: True
-    where it asks for augmentation, else None. numba drops a branch on
-    `augment is not None` before it types the function when the argument is
-    None, so steps without augmentation never compile it: 2-2.4 s less of
-    the steps' compile, the longest job of a cold start (docs/performance.md)."""
+    """network.train_steps' and the worker steps' `augment`
+    (iasgd.protocol.workers) for the Images bundle `data`: True where it
+    asks for augmentation, else None. numba drops a branch on `augment is not
+    None` before it types the function when the argument is None, so steps
+    without augmentation never compile it: 2-2.4 s less of the steps'
+    compile, the longest job of a cold start (docs/performance.md)."""
     return True if data.pad > 0 or data.flip else None
 
 

@@ -16,7 +16,13 @@ step at a time, and decides only when each happens.
 
 Arguments come in bundles (named tuples): `StepRule` (the algorithm and its
 knobs), `Shared` (the arrays every worker shares), `Inputs` (the training
-set) and `Own` (one worker's workspace, random stream and records).
+set) and `Own` (one worker's workspace, random stream and records); and two
+flags as network.train_steps takes them, each None or True: `augment`
+(iasgd.nn.augment.augment_argument) and `knobs` (iasgd.nn.plan.knobs_argument).
+With None numba drops the branch they guard before it types the function, so
+a run in the paper's setting compiles neither the augmentation nor the
+optimiser's other knobs into its loop (a threaded run's cold start about
+1.1 s shorter: docs/performance.md).
 
 Staleness: tau = V just before the update is applied minus V when the worker
 read the parameters (see iasgd.protocol.gate).
@@ -80,22 +86,22 @@ def draw_batch(idx, count, rng):
 
 
 @jit_inline
-def draw_step_batch(inputs, own):
-    """Draw a batch from own's stream: its indices into own.idx, then (when
-    inputs augment) each sample's augmentation code into own.codes."""
+def draw_step_batch(inputs, own, augment):
+    """Draw a batch from own's stream: its indices into own.idx, then (where
+    `augment`) each sample's augmentation code into own.codes."""
     draw_batch(own.idx, inputs.images.shape[0], own.rng)
-    if A.augmenting(inputs):
+    if augment is not None:
         A.draw_codes(own.codes, own.idx.size, inputs.pad, inputs.flip, own.rng)
 
 
 @jit_inline
-def gather_batch(inputs, own):
+def gather_batch(inputs, own, augment):
     """The batch own.idx names: its inputs into the start of own.acts
-    (augmented with own.codes when inputs augment), its labels into
+    (augmented with own.codes where `augment`), its labels into
     own.batch_labels."""
     n, D = own.idx.size, inputs.images.shape[1]
     x = own.acts[:n * D].reshape((n, D))
-    if A.augmenting(inputs):
+    if augment is not None:
         A.gather_augmented(inputs.images, own.idx, own.codes, inputs.shape, inputs.scale,
                            inputs.shift, x)
     else:
@@ -105,10 +111,10 @@ def gather_batch(inputs, own):
 
 
 @jit_inline
-def _load_batch(inputs, own):
+def _load_batch(inputs, own, augment):
     """Draw a batch (draw_step_batch) and gather it."""
-    draw_step_batch(inputs, own)
-    gather_batch(inputs, own)
+    draw_step_batch(inputs, own, augment)
+    gather_batch(inputs, own, augment)
 
 
 @jit_inline
@@ -143,7 +149,7 @@ def record_update(own, shared, tau, loss):
 
 
 @jit_inline
-def read_step(rule, shared, inputs, own, snapshot):
+def read_step(rule, shared, inputs, own, snapshot, augment):
     """After the ticket (and slot): draw the batch and read the parameters.
     Returns V at the read. async reads a consistent snapshot into own.local
     under the lock; otherwise the step reads the shared array as it computes
@@ -152,9 +158,9 @@ def read_step(rule, shared, inputs, own, snapshot):
     only the batch is drawn (its indices and codes): gather_batch fills the workspace
     right before compute_step."""
     if snapshot:
-        draw_step_batch(inputs, own)
+        draw_step_batch(inputs, own, augment)
     else:
-        _load_batch(inputs, own)
+        _load_batch(inputs, own, augment)
     state = shared.state
     if rule.algo == ASYNC:
         G.lock(state)
@@ -169,19 +175,34 @@ def read_step(rule, shared, inputs, own, snapshot):
 
 
 @jit_inline
-def compute_step(rule, shared, own, params):
+def compute_step(rule, shared, own, params, knobs):
     """Forward and backward of own's batch at `params` (the shared array or
     own.local); the gradient into own.grad. Returns the batch's mean loss."""
+    smoothing = 0.0 if knobs is None else rule.sgd.label_smoothing
     _enter_step(shared.probe)
     loss = N.network_loss_and_grad(params, own.grad, own.net, own.acts, own.dacts,
-                                   own.argmax, own.batch_labels, rule.sgd.label_smoothing)
+                                   own.argmax, own.batch_labels, smoothing)
     _leave_step(shared.probe)
     own.counters[COMPUTED] += 1
     return loss
 
 
 @jit_inline
-def apply_step(gen, v_read, loss, rule, shared, own):
+def write_update(rule, shared, grad, factor, update, knobs):
+    """The shared parameters' update by `grad` (P,), the run's update number
+    `update` (0-based) at `factor` (its staleness's) times the scheduled step
+    size: the paper's heavy ball where knobs is None (the same bits as the
+    full update would give), else every knob of rule.sgd."""
+    if knobs is None:
+        N.heavy_ball_update(shared.params, shared.velocity, grad, rule.sgd.lr * factor,
+                            rule.sgd.momentum)
+    else:
+        N.sgd_momentum_update(shared.params, shared.velocity, grad,
+                              N.scheduled_lr(rule.sgd, update) * factor, rule.sgd, 0)
+
+
+@jit_inline
+def apply_step(gen, v_read, loss, rule, shared, own, knobs):
     """Commit and apply own.grad, read at V = v_read in interval `gen`:
     returns 1 if applied (and recorded), 0 if the drop gate dropped it, -1
     if its loss is not finite (the run is marked diverged)."""
@@ -200,8 +221,8 @@ def apply_step(gen, v_read, loss, rule, shared, own):
     v_now = G.begin_apply(state)  # the updates applied before this one
     tau = v_now - v_read
     factors = shared.lr_factors
-    lr = N.scheduled_lr(rule.sgd, v_now) * factors[min(tau, factors.size - 1)]
-    N.sgd_momentum_update(shared.params, shared.velocity, own.grad, lr, rule.sgd, 0)
+    factor = factors[min(tau, factors.size - 1)]
+    write_update(rule, shared, own.grad, factor, v_now, knobs)
     if rule.algo == ASYNC:
         G.unlock(state)
     elif interval:
@@ -215,7 +236,7 @@ def apply_step(gen, v_read, loss, rule, shared, own):
 
 
 @jit_fastmath
-def async_worker(wid, rule, shared, inputs, own):
+def async_worker(wid, rule, shared, inputs, own, augment, knobs):
     """Worker `wid` of hogwild, async (lock-based) or interval, for the whole
     run: it takes steps while the gate allows them and sleeps between
     allowances, until the run stops. A non-finite loss is not applied: it
@@ -231,10 +252,10 @@ def async_worker(wid, rule, shared, inputs, own):
         own.counters[WAIT_NS] += monotonic_ns() - t0
         if gen < 0:
             break
-        v_read = read_step(rule, shared, inputs, own, False)
+        v_read = read_step(rule, shared, inputs, own, False, augment)
         loss = compute_step(rule, shared, own,
-                            own.local if rule.algo == ASYNC else shared.params)
-        if apply_step(gen, v_read, loss, rule, shared, own) < 0:
+                            own.local if rule.algo == ASYNC else shared.params, knobs)
+        if apply_step(gen, v_read, loss, rule, shared, own, knobs) < 0:
             break
     own.counters[STEPS_NS] += monotonic_ns() - t_start
 
@@ -243,28 +264,33 @@ def async_worker(wid, rule, shared, inputs, own):
 
 
 @jit_inline
-def round_gradient(rule, shared, inputs, own, grad):
+def round_gradient(rule, shared, inputs, own, grad, augment, knobs):
     """A sync round's gradient of a fresh batch at the shared parameters,
     into `grad` (a row of the round's (n, P) array). Returns its loss."""
-    _load_batch(inputs, own)
+    smoothing = 0.0 if knobs is None else rule.sgd.label_smoothing
+    _load_batch(inputs, own, augment)
     _enter_step(shared.probe)
     loss = N.network_loss_and_grad(shared.params, grad, own.net, own.acts, own.dacts,
-                                   own.argmax, own.batch_labels, rule.sgd.label_smoothing)
+                                   own.argmax, own.batch_labels, smoothing)
     _leave_step(shared.probe)
     own.counters[COMPUTED] += 1
     return loss
 
 
 @jit_inline
-def apply_round(rule, shared, grads, active, done, lo, hi, out):
+def apply_round(rule, shared, grads, active, done, lo, hi, out, knobs):
     """Columns [lo, hi) of a sync round's update: their mean over the first
     `active` rows of grads (n, P) into out (hi - lo,), applied to the shared
     parameters with the step size of update `done` (the gradients applied
     before this round). `out` may be those columns of one of the rows: each
     column is read before it is written."""
     N.mean_rows(grads, active, lo, hi, out)
-    N.sgd_momentum_update(shared.params[lo:hi], shared.velocity[lo:hi], out,
-                          N.scheduled_lr(rule.sgd, done), rule.sgd, lo)
+    if knobs is None:  # the paper's step, as in apply_step
+        N.heavy_ball_update(shared.params[lo:hi], shared.velocity[lo:hi], out, rule.sgd.lr,
+                            rule.sgd.momentum)
+    else:
+        N.sgd_momentum_update(shared.params[lo:hi], shared.velocity[lo:hi], out,
+                              N.scheduled_lr(rule.sgd, done), rule.sgd, lo)
 
 
 @jit_inline
@@ -279,7 +305,7 @@ def _timed_barrier(state, parties, sense, counters):
 
 
 @jit_fastmath
-def sync_worker(wid, parties, rule, shared, inputs, own, grads, sense):
+def sync_worker(wid, parties, rule, shared, inputs, own, grads, sense, augment, knobs):
     """One worker of synchronous parallel SGD for the whole run, in rounds:
     every worker computes a gradient on the same parameters into grads[wid]
     (the last round of an allowance may use fewer workers), a barrier, each
@@ -303,14 +329,14 @@ def sync_worker(wid, parties, rule, shared, inputs, own, grads, sense):
         loss = 0.0
         G.stop_if_past_deadline(state)  # the round is then cancelled at the barrier
         if wid < active and not G.stopped(state):
-            loss = round_gradient(rule, shared, inputs, own, grads[wid])
+            loss = round_gradient(rule, shared, inputs, own, grads[wid], augment, knobs)
             if not np.isfinite(loss):  # averaged in, it would poison every parameter
                 G.mark_diverged(state)
         if _timed_barrier(state, parties, sense, own.counters) != 1:
             break  # cancelled as a whole: nobody applies this round
         # Columns [lo, hi) are this worker's alone: it may overwrite them in its
         # own row with the mean (the next round's backward rewrites the row).
-        apply_round(rule, shared, grads, active, done, lo, hi, grads[wid, lo:hi])
+        apply_round(rule, shared, grads, active, done, lo, hi, grads[wid, lo:hi], knobs)
         own.counters[SLICES] += 1
         if wid < active:
             record_update(own, shared, 0, loss)

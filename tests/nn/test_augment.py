@@ -183,7 +183,9 @@ def test_a_worker_draws_its_codes_after_its_batch_from_its_stream(augment):
     ws = model.workspace(5)
     own = W.new_own(ws, np.zeros(1, np.float32), np.zeros(W.COUNTER_COLUMNS, np.int64),
                     np.zeros(4, np.int64), np.zeros(1), np.array([99], np.uint64))
-    W.draw_step_batch(inputs, own)
+    flag = A.augment_argument(inputs)
+    assert (flag is None) == (augment == "none")
+    W.draw_step_batch(inputs, own, flag)
     state, idx = 99, []
     for _ in range(5):
         state, z = splitmix64(state)
@@ -195,7 +197,7 @@ def test_a_worker_draws_its_codes_after_its_batch_from_its_stream(augment):
         after, codes = augment_codes(state, 5, 3, True)
         np.testing.assert_array_equal(own.codes, codes)
         assert int(own.rng[0]) == after
-    W.gather_batch(inputs, own)
+    W.gather_batch(inputs, own, flag)
     want = reference(images, own.idx, own.codes, SHAPE) if augment != "none" else images[idx]
     assert ws.acts[:want.size].tobytes() == gathered(want, np.arange(5)).tobytes()
 

@@ -295,6 +295,7 @@ def _model_kernels(checker: Checker | None) -> types.SimpleNamespace:
 
     return types.SimpleNamespace(network_loss_and_grad=network_loss_and_grad,
                                  sgd_momentum_update=sgd_momentum_update,
+                                 heavy_ball_update=sgd_momentum_update,
                                  scheduled_lr=scheduled_lr,
                                  copy_values=copy_values)
 
@@ -510,7 +511,7 @@ def _worker_args(state: np.ndarray, wid: int, sc: Scenario, shared_arrays: dict)
                       np.zeros(1, np.int64), np.zeros(1, np.uint64),
                       np.zeros(workers.COUNTER_COLUMNS, np.int64), np.zeros(bins, np.int64),
                       np.zeros(1), np.zeros((1, 3), np.int64))
-    return wid, rule, shared, inputs, own
+    return wid, rule, shared, inputs, own, None, None  # no augmentation, the paper's step
 
 
 def run_scenario(sc: Scenario, choices: list[int], finish_steps: int = 20_000) -> dict:

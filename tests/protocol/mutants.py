@@ -65,7 +65,7 @@ TORCH_WRITE = ("        if fn is not None:\n            self._write(fn, scale_lr
 
 # apply_step's write and the gate steps around it, which the visibility
 # mutants reorder
-WRITE = "N.sgd_momentum_update(shared.params, shared.velocity, own.grad, lr, rule.sgd, 0)\n"
+WRITE = "write_update(rule, shared, own.grad, factor, v_now, knobs)\n"
 APPLY_BLOCK = (f"    {WRITE}"
                "    if rule.algo == ASYNC:\n        G.unlock(state)\n    elif interval:\n"
                "        # read in interval gen, applied in it, within its y - 1\n"
@@ -78,7 +78,7 @@ LOCKED_APPLY = ("    if rule.algo == ASYNC:\n        G.lock(state)\n"
                 "    v_now = G.begin_apply(state)  # the updates applied before this one\n"
                 "    tau = v_now - v_read\n"
                 "    factors = shared.lr_factors\n"
-                "    lr = N.scheduled_lr(rule.sgd, v_now) * factors[min(tau, factors.size - 1)]\n"
+                "    factor = factors[min(tau, factors.size - 1)]\n"
                 + APPLY_BLOCK)
 
 

@@ -473,13 +473,13 @@ def _visibility_worker(wid, rule, shared, inputs, own, out):
         gen = G.enter_interval(state, wait)
         if gen < 0:
             break
-        v_read = W.read_step(rule, shared, inputs, own, False)
+        v_read = W.read_step(rule, shared, inputs, own, False, None)
         if rule.algo == W.ASYNC:
             if own.local[0] != v_read or own.local[last] != v_read:
                 out[1] += 1
         elif shared.params[last] < gen or shared.params[0] < gen:  # y = 1: k earlier
             out[0] += 1
-        W.apply_step(gen, v_read, 0.0, rule, shared, own)
+        W.apply_step(gen, v_read, 0.0, rule, shared, own, None)
 
 
 @pytest.mark.parametrize(("algo", "gate"), [("interval", "wait"), ("interval", "drop"),
@@ -523,16 +523,17 @@ def test_every_read_sees_what_the_gate_promises(tiny, algo, gate):
 
 
 @jit
-def _apply_one(gen, v_read, rule, shared, own):
-    """apply_step of a step read at V = v_read in interval `gen` (zero gradient)."""
-    return W.apply_step(gen, v_read, 0.0, rule, shared, own)
+def _apply_one(gen, v_read, rule, shared, own, knobs):
+    """apply_step of a step read at V = v_read in interval `gen` (own.grad
+    as it is; `knobs` as the steps take it)."""
+    return W.apply_step(gen, v_read, 0.0, rule, shared, own, knobs)
 
 
 @jit
-def _apply_round(rule, shared, grads, done, out):
+def _apply_round(rule, shared, grads, done, out, knobs):
     """A sync round's apply of all P columns, the mean of grads' rows, after
     `done` gradients."""
-    W.apply_round(rule, shared, grads, grads.shape[0], done, 0, shared.params.size, out)
+    W.apply_round(rule, shared, grads, grads.shape[0], done, 0, shared.params.size, out, knobs)
 
 
 @pytest.mark.parametrize("algo", ["hogwild", "sync"])
@@ -558,12 +559,12 @@ def test_a_workers_write_is_torchs_sgd_step_with_the_runs_knobs(tiny, algo):
         grads = rng.standard_normal((2, model.num_params)).astype(np.float32)
         if algo == "sync":
             _apply_round(arrays.rule, arrays.shared, grads, done,
-                         np.empty(model.num_params, np.float32))
+                         np.empty(model.num_params, np.float32), arrays.knobs)
             g = grads.astype(np.float64).mean(axis=0)
         else:
             own.grad[:] = grads[0]
             arrays.state[G.VERSION] = done
-            assert _apply_one(0, done, arrays.rule, arrays.shared, own) == 1
+            assert _apply_one(0, done, arrays.rule, arrays.shared, own, arrays.knobs) == 1
             g = grads[0].astype(np.float64)
         lr = 0.1 * ((done + 1) / sgd.warmup if done < sgd.warmup else
                     (1 + np.cos(np.pi * (done - sgd.warmup) / (sgd.planned - sgd.warmup))) / 2)
@@ -572,6 +573,62 @@ def test_a_workers_write_is_torchs_sgd_step_with_the_runs_knobs(tiny, algo):
         p = p - lr * (d_p + 0.9 * v)
     np.testing.assert_allclose(arrays.params, p, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(arrays.shared.velocity, v, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("algo", ["hogwild", "sync"])
+def test_the_papers_step_compiled_alone_writes_the_same_bits(tiny, algo):
+    """In the paper's setting the arrays' flag is knobs=None
+    (iasgd.nn.plan.knobs_argument), and apply_step / apply_round then compile
+    heavy_ball_update alone: three applies, a staleness factor of 0.7,
+    write the same bits as the full update (knobs=True). Weight decay makes
+    the flag True."""
+    model, data = tiny
+    cfg = engine.TrainConfig(algo=algo, threads=2, lr=0.1, momentum=0.9, batch_size=4, epochs=1)
+    rng = np.random.default_rng(6)
+    params = rng.standard_normal(model.num_params).astype(np.float32)
+    grads = rng.standard_normal((3, 2, model.num_params)).astype(np.float32)
+    written = []
+    for knobs in (None, True):
+        control = Controllers(cfg, 100, engine.RunResult(status="completed"))
+        arrays = WorkerArrays(model, data, cfg, params.copy(), control)
+        assert arrays.knobs is None and arrays.augment is None
+        arrays.lr_factors[:] = 0.7
+        G.allow(arrays.state, 100)
+        for done in range(3):
+            if algo == "sync":
+                _apply_round(arrays.rule, arrays.shared, grads[done], done,
+                             np.empty(model.num_params, np.float32), knobs)
+            else:
+                arrays.own[0].grad[:] = grads[done, 0]
+                arrays.state[G.VERSION] = done
+                assert _apply_one(0, done, arrays.rule, arrays.shared, arrays.own[0], knobs) == 1
+        written.append(arrays.params.tobytes() + arrays.shared.velocity.tobytes())
+    assert written[0] == written[1]
+    assert arrays.params.tobytes() != params.tobytes()
+    decayed = engine.TrainConfig(algo=algo, threads=2, lr=0.1, momentum=0.9, batch_size=4,
+                                 epochs=1, weight_decay=1e-4)
+    control = Controllers(decayed, 100, engine.RunResult(status="completed"))
+    assert WorkerArrays(model, data, decayed, params.copy(), control).knobs is True
+
+
+@pytest.mark.parametrize(("algo", "loop"), [("interval", "async_worker"), ("sync", "sync_worker")])
+def test_the_worker_threads_take_the_arrays_flags(tiny, monkeypatch, algo, loop):
+    """The threads pass the worker loop the arrays' augment and knobs: None,
+    None in the paper's setting, knobs True with Nesterov."""
+    model, data = tiny
+    real, seen = getattr(W, loop), []
+
+    def spy(*args):
+        seen.append(args[-2:])
+        real(*args)
+
+    monkeypatch.setattr(W, loop, spy)
+    for nesterov, want in ((False, (None, None)), (True, (None, True))):
+        seen.clear()
+        cfg = engine.TrainConfig(algo=algo, threads=2, batch_size=4, epochs=1, momentum=0.5,
+                                 nesterov=nesterov)
+        train_with_timeout(model, data, cfg)
+        assert seen and set(seen) == {want}
 
 
 @pytest.mark.parametrize("gate", ["wait", "drop"])
@@ -599,7 +656,8 @@ def test_the_monitor_counts_every_apply_outside_its_interval_or_bound(tiny, gate
         state[G.APPLIED] = 0
         state[G.VERSION] = 100
         before = int(own.counters[W.VIOLATIONS])
-        assert _apply_one(gen_at_read, 100 - tau, arrays.rule, arrays.shared, own) == 1
+        assert _apply_one(gen_at_read, 100 - tau, arrays.rule, arrays.shared, own,
+                          arrays.knobs) == 1
         assert state[G.VERSION] == 101 and own.counters[W.TAU_MAX] >= tau  # it was applied
         return int(own.counters[W.VIOLATIONS]) - before
 
@@ -613,7 +671,7 @@ def test_the_monitor_counts_every_apply_outside_its_interval_or_bound(tiny, gate
     else:
         state[G.GEN_TAKEN] = 7 << 32
         dropped = int(own.counters[W.DROPPED])
-        assert _apply_one(6, 100, arrays.rule, arrays.shared, own) == 0
+        assert _apply_one(6, 100, arrays.rule, arrays.shared, own, arrays.knobs) == 0
         assert own.counters[W.DROPPED] == dropped + 1
     expected = 4 if gate == "wait" else 2
     assert arrays.total(W.VIOLATIONS) == expected
