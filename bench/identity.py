@@ -6,7 +6,8 @@ so the whole script takes a minute or two once compiled):
 
 - sequential training of every preset at its datasets' shapes, and of user
   specs that use every layer kind and conv path (direct 3x3/5x5, GEMM, the
-  explicit vectors, same/valid padding, fused ReLU + pool, flatten);
+  explicit vectors, same/valid padding, fused ReLU + pool, flatten, batch
+  norm alone and fused into the pool, the average and global pools);
 - the forward logits and the float32 gradient of each of those models;
 - every variant the simulator covers, on 8 simulated workers;
 - every parallel algorithm and gate policy on one real thread (one thread is
@@ -49,6 +50,10 @@ MODELS = [
     ("spec-k3-valid", "conv8k3,pool,conv16k3s,relu,conv32k3s,relu,pool,dense16,relu,dense",
      (2, 18, 18), 3),
     ("spec-relu-alone", "relu,conv6k3s,relu,flatten,relu,dense", (1, 9, 9), 4),
+    # batch norm: in the pool's row (vgg-bn), on the input, with its own ReLU
+    # before an average pool, on a vector; the global pool
+    ("vgg-bn", "vgg-bn", (3, 32, 32), 10),
+    ("spec-bn-rows", "bn,conv6k3s,bn,relu,avgpool,conv8k3,relu,gap,bn,dense", (2, 12, 12), 4),
 ]
 
 
