@@ -157,7 +157,7 @@ class Simulation(WorkerArrays):
             return False
         wk.gen, wk.switched = gen, False
         wk.v_read = int(W.read_step(self.rule, self.shared, self.inputs, self.own[w], True,
-                                         self.augment))
+                                    self.augment))
         drawn = self.step_time(self.rng) * (1.0 + self.costs.contention * (self.busy() - 1))
         wk.compute_s = max(drawn - self.costs.apply_s, 0.0)
         self.set_phase(w, READ, self.read_s)

@@ -129,6 +129,28 @@ def sgd_momentum_update(params, velocity, grad, lr, sgd, first):
 
 
 @jit_inline
+def apply_update(params, velocity, grad, sgd, update, factor, first, knobs):
+    """The run's update number `update` (0-based) of parameters [first,
+    first + params.size) by grad, at `factor` times sgd's scheduled step
+    size: heavy_ball_update where knobs is None (the paper's step,
+    iasgd.nn.plan.knobs_argument: the same bits as the full update would
+    give, and numba compiles nothing else), else sgd_momentum_update with
+    every knob of sgd. The one update of every executor's steps."""
+    if knobs is None:
+        heavy_ball_update(params, velocity, grad, sgd.lr * factor, sgd.momentum)
+    else:
+        sgd_momentum_update(params, velocity, grad, scheduled_lr(sgd, update) * factor, sgd,
+                            first)
+
+
+@jit_inline
+def loss_smoothing(sgd, knobs):
+    """The loss's label smoothing: sgd's, or the constant 0 where knobs is
+    None (the paper's step), which lets LLVM drop the smoothing's code."""
+    return 0.0 if knobs is None else sgd.label_smoothing
+
+
+@jit_inline
 def scheduled_lr(sgd, update):
     """The step size of the run's update number `update` (0-based) under
     sgd's (an Sgd's) schedule: a linear warm-up over the first sgd.warmup
@@ -296,16 +318,13 @@ def train_steps(weights, buffers, data, steps, losses, augment, knobs):
         bl = bl_all[:n]
         for i in range(n):
             bl[i] = data.labels[idx[i]]
-        smoothing = 0.0 if knobs is None else steps.sgd.label_smoothing
+        smoothing = loss_smoothing(steps.sgd, knobs)
         losses[s] = network_loss_and_grad(params, buffers.grad, buffers.net, acts,
                                           buffers.dacts, buffers.argmax, bl, smoothing)
         if not np.isfinite(losses[s]):
             return s - steps.first
-        if knobs is None:
-            heavy_ball_update(params, velocity, buffers.grad, steps.sgd.lr, steps.sgd.momentum)
-        else:
-            lr = scheduled_lr(steps.sgd, steps.epoch_start + s)
-            sgd_momentum_update(params, velocity, buffers.grad, lr, steps.sgd, 0)
+        apply_update(params, velocity, buffers.grad, steps.sgd, steps.epoch_start + s, 1.0, 0,
+                     knobs)
     return steps.count
 
 

@@ -178,27 +178,13 @@ def read_step(rule, shared, inputs, own, snapshot, augment):
 def compute_step(rule, shared, own, params, knobs):
     """Forward and backward of own's batch at `params` (the shared array or
     own.local); the gradient into own.grad. Returns the batch's mean loss."""
-    smoothing = 0.0 if knobs is None else rule.sgd.label_smoothing
+    smoothing = N.loss_smoothing(rule.sgd, knobs)
     _enter_step(shared.probe)
     loss = N.network_loss_and_grad(params, own.grad, own.net, own.acts, own.dacts,
                                    own.argmax, own.batch_labels, smoothing)
     _leave_step(shared.probe)
     own.counters[COMPUTED] += 1
     return loss
-
-
-@jit_inline
-def write_update(rule, shared, grad, factor, update, knobs):
-    """The shared parameters' update by `grad` (P,), the run's update number
-    `update` (0-based) at `factor` (its staleness's) times the scheduled step
-    size: the paper's heavy ball where knobs is None (the same bits as the
-    full update would give), else every knob of rule.sgd."""
-    if knobs is None:
-        N.heavy_ball_update(shared.params, shared.velocity, grad, rule.sgd.lr * factor,
-                            rule.sgd.momentum)
-    else:
-        N.sgd_momentum_update(shared.params, shared.velocity, grad,
-                              N.scheduled_lr(rule.sgd, update) * factor, rule.sgd, 0)
 
 
 @jit_inline
@@ -222,7 +208,7 @@ def apply_step(gen, v_read, loss, rule, shared, own, knobs):
     tau = v_now - v_read
     factors = shared.lr_factors
     factor = factors[min(tau, factors.size - 1)]
-    write_update(rule, shared, own.grad, factor, v_now, knobs)
+    N.apply_update(shared.params, shared.velocity, own.grad, rule.sgd, v_now, factor, 0, knobs)
     if rule.algo == ASYNC:
         G.unlock(state)
     elif interval:
@@ -267,7 +253,7 @@ def async_worker(wid, rule, shared, inputs, own, augment, knobs):
 def round_gradient(rule, shared, inputs, own, grad, augment, knobs):
     """A sync round's gradient of a fresh batch at the shared parameters,
     into `grad` (a row of the round's (n, P) array). Returns its loss."""
-    smoothing = 0.0 if knobs is None else rule.sgd.label_smoothing
+    smoothing = N.loss_smoothing(rule.sgd, knobs)
     _load_batch(inputs, own, augment)
     _enter_step(shared.probe)
     loss = N.network_loss_and_grad(shared.params, grad, own.net, own.acts, own.dacts,
@@ -285,12 +271,8 @@ def apply_round(rule, shared, grads, active, done, lo, hi, out, knobs):
     before this round). `out` may be those columns of one of the rows: each
     column is read before it is written."""
     N.mean_rows(grads, active, lo, hi, out)
-    if knobs is None:  # the paper's step, as in apply_step
-        N.heavy_ball_update(shared.params[lo:hi], shared.velocity[lo:hi], out, rule.sgd.lr,
-                            rule.sgd.momentum)
-    else:
-        N.sgd_momentum_update(shared.params[lo:hi], shared.velocity[lo:hi], out,
-                              N.scheduled_lr(rule.sgd, done), rule.sgd, lo)
+    N.apply_update(shared.params[lo:hi], shared.velocity[lo:hi], out, rule.sgd, done, 1.0, lo,
+                   knobs)
 
 
 @jit_inline

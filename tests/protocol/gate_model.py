@@ -295,7 +295,8 @@ def _model_kernels(checker: Checker | None) -> types.SimpleNamespace:
 
     return types.SimpleNamespace(network_loss_and_grad=network_loss_and_grad,
                                  sgd_momentum_update=sgd_momentum_update,
-                                 heavy_ball_update=sgd_momentum_update,
+                                 apply_update=sgd_momentum_update,
+                                 loss_smoothing=lambda sgd, knobs: 0.0,
                                  scheduled_lr=scheduled_lr,
                                  copy_values=copy_values)
 

@@ -65,7 +65,8 @@ TORCH_WRITE = ("        if fn is not None:\n            self._write(fn, scale_lr
 
 # apply_step's write and the gate steps around it, which the visibility
 # mutants reorder
-WRITE = "write_update(rule, shared, own.grad, factor, v_now, knobs)\n"
+WRITE = ("N.apply_update(shared.params, shared.velocity, own.grad, rule.sgd, v_now, factor, 0, "
+         "knobs)\n")
 APPLY_BLOCK = (f"    {WRITE}"
                "    if rule.algo == ASYNC:\n        G.unlock(state)\n    elif interval:\n"
                "        # read in interval gen, applied in it, within its y - 1\n"

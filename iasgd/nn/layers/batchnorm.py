@@ -170,7 +170,8 @@ def batchnorm_input_grad(x, dy, width, gamma, mean, var, dgamma, dbeta, dx):
 
 
 @jit_inline
-def _channels(flat, row, off):
+def channels(flat, row, off):
+    """A row's per-channel tensor at `off` inside the parameters or the gradient."""
     return flat[off:off + row[P_C]]
 
 
@@ -193,19 +194,19 @@ def batchnorm_weights_op(params, grad, plan, i, acts, dacts, argmax, n):
     if row[P_RELU]:
         relu_backward_inplace(dy, output4(acts, row, n))
     batchnorm_weight_grad(input4(acts, row, n), dy, row[P_W],
-                          _channels(grad, row, row[P_SOFF]),
-                          _channels(grad, row, row[P_SOFF] + C),
-                          _channels(grad, row, row[P_WOFF]), _channels(grad, row, row[P_BOFF]))
+                          channels(grad, row, row[P_SOFF]),
+                          channels(grad, row, row[P_SOFF] + C),
+                          channels(grad, row, row[P_WOFF]), channels(grad, row, row[P_BOFF]))
 
 
 def batchnorm_input_op(params, grad, plan, i, acts, dacts, argmax, n):
     row = plan[i]
     C = row[P_C]
     batchnorm_input_grad(input4(acts, row, n), output4(dacts, row, n), row[P_W],
-                         _channels(params, row, row[P_WOFF]),
-                         _channels(grad, row, row[P_SOFF]),
-                         _channels(grad, row, row[P_SOFF] + C),
-                         _channels(grad, row, row[P_WOFF]), _channels(grad, row, row[P_BOFF]),
+                         channels(params, row, row[P_WOFF]),
+                         channels(grad, row, row[P_SOFF]),
+                         channels(grad, row, row[P_SOFF] + C),
+                         channels(grad, row, row[P_WOFF]), channels(grad, row, row[P_BOFF]),
                          input4(dacts, row, n))
 
 

@@ -24,6 +24,7 @@ from typing import Any
 from iasgd.compiled import jit_inline
 from iasgd.nn.kinds import Kind, LayerShape, Lowering, Params, RowOp, Shape, Sizing, image
 from iasgd.nn.layers import batchnorm, kind_of
+from iasgd.nn.layers.batchnorm import channels
 from iasgd.nn.plan import (
     P_AOFF,
     P_BOFF,
@@ -309,15 +310,10 @@ ROW = RowOp.without_weights("pool", pool_forward_op, pool_input_op, label=_label
 # BOFF and SOFF its tensors; the rest are the pool's.
 
 
-@jit_inline
-def _tensor(flat, off, row):
-    return flat[off:off + row[P_C]]
-
-
 def bn_pool_forward_op(params, grad, plan, i, acts, dacts, argmax, n):
     row = plan[i]
     x, C, mean, var = input4(acts, row, n), row[P_C], row[P_SOFF], row[P_SOFF] + row[P_C]
-    gamma, beta = _tensor(params, row[P_WOFF], row), _tensor(params, row[P_BOFF], row)
+    gamma, beta = channels(params, row, row[P_WOFF]), channels(params, row, row[P_BOFF])
     out, border, am, relu = pool_map(acts, row, n), row[P_K], _argmax4(argmax, row, n), row[P_RELU]
     if grad.size == params.size:  # training: the batch's statistics, kept for the update
         batchnorm.batch_statistics(x, row[P_W], grad[mean:mean + C], grad[var:var + C])
@@ -330,21 +326,18 @@ def bn_pool_forward_op(params, grad, plan, i, acts, dacts, argmax, n):
 
 def bn_pool_weights_op(params, grad, plan, i, acts, dacts, argmax, n):
     row = plan[i]
+    mean, var = channels(grad, row, row[P_SOFF]), channels(grad, row, row[P_SOFF] + row[P_C])
     bn_maxpool2_weight_grad(input4(acts, row, n), pooled(dacts, row, n), pooled(acts, row, n),
-                            _argmax4(argmax, row, n), row[P_W],
-                            _tensor(grad, row[P_SOFF], row),
-                            _tensor(grad, row[P_SOFF] + row[P_C], row),
-                            row[P_RELU] != 0, _tensor(grad, row[P_WOFF], row),
-                            _tensor(grad, row[P_BOFF], row))
+                            _argmax4(argmax, row, n), row[P_W], mean, var, row[P_RELU] != 0,
+                            channels(grad, row, row[P_WOFF]), channels(grad, row, row[P_BOFF]))
 
 
 def bn_pool_input_op(params, grad, plan, i, acts, dacts, argmax, n):
     row = plan[i]
+    mean, var = channels(grad, row, row[P_SOFF]), channels(grad, row, row[P_SOFF] + row[P_C])
     bn_maxpool2_input_grad(input4(acts, row, n), pooled(dacts, row, n), _argmax4(argmax, row, n),
-                           row[P_W], _tensor(params, row[P_WOFF], row),
-                           _tensor(grad, row[P_SOFF], row),
-                           _tensor(grad, row[P_SOFF] + row[P_C], row),
-                           _tensor(grad, row[P_WOFF], row), _tensor(grad, row[P_BOFF], row),
+                           row[P_W], channels(params, row, row[P_WOFF]), mean, var,
+                           channels(grad, row, row[P_WOFF]), channels(grad, row, row[P_BOFF]),
                            input4(dacts, row, n))
 
 
