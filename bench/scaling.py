@@ -88,7 +88,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=None,
                    help="epochs per run instead of --time-budget (a recipe's own with --recipe)")
     p.add_argument("--stop-at-target", action="store_true",
-                   help="stop a real run at the first epoch end that reaches the highest "
+                   help="stop a run at the first epoch end that reaches the highest "
                         "of --targets (its accuracy column is then the accuracy there)")
     p.add_argument("--recipe", default=None, choices=sorted(RECIPES),
                    help="train every run with this recipe (iasgd/recipes.py): its data, model, "
@@ -282,13 +282,14 @@ def run_one(model, data, cfg: engine.TrainConfig, targets: list[float],
     """One run's figures: throughput, staleness, accuracy over time (at
     epoch ends, and every eval_every updates in `evals`), time to each
     target. simulation: (step_time, cores, costs) to simulate instead of
-    running; stop_at: a real run stops (status "target_reached") soon after
+    running; stop_at: the run stops (status "target_reached") soon after
     the first epoch end whose test accuracy is at least this."""
     if simulation is None:
         result = engine.train(model, data, cfg, stop_at_accuracy(stop_at))
     else:
         step_time, cores, costs = simulation
-        result = sim.simulate(model, data, cfg, step_time, cores=cores, costs=costs)
+        result = sim.simulate(model, data, cfg, step_time, cores=cores, costs=costs,
+                              hooks=stop_at_accuracy(stop_at))
     run = sweeps.record(results.results_document({}, result, model.num_params), cfg.lr,
                         cfg.seed)
     score(run, targets)

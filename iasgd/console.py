@@ -103,8 +103,9 @@ class Interrupts:
     """SIGINT / SIGTERM while training: the first asks the run to stop at the
     workers' next step and save; a second Ctrl-C exits at once."""
 
-    def __init__(self) -> None:
+    def __init__(self, saves: str = "a checkpoint and the results") -> None:
         self.signum: int | None = None
+        self.saves = saves  # what stopping keeps, as the first signal's line says
 
     def install(self) -> None:
         for signum in SIGNAL_EXITS:
@@ -115,7 +116,7 @@ class Interrupts:
             error("interrupted again: exiting now without saving")
             os._exit(EXIT_SIGINT)
         self.signum = signum
-        error("stopping at the next step to save a checkpoint and the results "
+        error(f"stopping at the next step to save {self.saves} "
               "(Ctrl-C again quits at once)")
 
     def reason(self) -> str | None:

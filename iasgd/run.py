@@ -469,10 +469,11 @@ def simulate_and_report(cfg: TrainConfig, opts: RunOptions, model: models.Model,
     read_s, apply_s = sim.measure_sections(model)
     costs = sim.Costs(contention=opts.sim_contention, switch_s=opts.sim_switch or 0.0,
                       read_s=read_s, apply_s=apply_s, live_reads=not opts.sim_snapshot_reads)
+    interrupts = Interrupts(saves="the results")
+    interrupts.install()
+    hooks = engine.Hooks(on_epoch_end=display.epoch_end, should_stop=interrupts.reason)
     result = sim.simulate(model, data, cfg, step_time, cores=cores, quantum=opts.sim_quantum,
-                          init=init, costs=costs)
-    for record in result.epochs:
-        display.epoch_end(record)
+                          hooks=hooks, init=init, costs=costs)
     document = results.results_document(run_config(cfg, opts, model), result, model.num_params)
     document["simulated"] = {"cores": cores, "step_times": how,
                              "step_time_mean_s": float(measured.mean()),
@@ -481,6 +482,9 @@ def simulate_and_report(cfg: TrainConfig, opts: RunOptions, model: models.Model,
     if not write_results(opts.out, document, None):
         return EXIT_USAGE
     report(display, document, opts.out)
+    if interrupts.signum is not None:
+        error(f"interrupted; the simulated results so far are in {opts.out}")
+        return interrupts.exit_code()
     return diverged_exit(result, cfg, opts)
 
 

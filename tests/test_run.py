@@ -296,6 +296,20 @@ def test_simulate_says_so_everywhere(tmp_path):
     assert doc["staleness"]["max"] <= 3 and doc["applied"] == 250
 
 
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_stops_a_simulated_run_with_its_epochs_written(tmp_path, signum, code):
+    """A simulated run shows each epoch as it ends and, stopped by a signal,
+    writes what it simulated so far (no checkpoint: simulated runs have none)."""
+    proc = start_training(tmp_path, "--simulate", "--algo", "interval", "--threads", "4")
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, err
+    assert "Traceback" not in err and "nothing was written" not in err
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["status"] == "interrupted" and doc["epochs"] and "simulated" in doc
+    assert "interrupted" in err and str(tmp_path / "r.json") in err
+
+
 def trained(tmp_path, name: str, *args: str) -> dict:
     """run.main in this process, quiet; the results document."""
     out = tmp_path / f"{name}.json"

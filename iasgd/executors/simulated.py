@@ -68,8 +68,8 @@ class SimulatedRun(ExecutorBase):
     """The simulator as an executor: epochs of simulated time, cut at
     eval_every boundaries as the threads' are (an evaluation costs no
     simulated time). Its monitor ticks every MONITOR_SECONDS of simulated
-    time and neither shows progress nor takes stop requests. Its runs are
-    not checkpointed."""
+    time and takes the run's stop requests (a target reached, an interrupt)
+    but shows no progress. Its runs are not checkpointed."""
 
     def __init__(self, model: Model, data: Dataset, cfg: TrainConfig,
                  step_time: Callable[[np.random.Generator], float], cores: int, quantum: float,
@@ -83,9 +83,11 @@ class SimulatedRun(ExecutorBase):
         self.result.params = self.sim.params
         self.epoch = 1
         self.epoch_start = 0.0  # simulated seconds
+        self.stop_requests = QUIET
 
     def train_epoch(self, hooks: Hooks) -> int:
         sim, r = self.sim, self.result
+        self.stop_requests = Hooks(should_stop=hooks.should_stop)
         self.epoch_start, applied_before = sim.now, sim.applied()
         sim.tick()
         train_in_chunks(self.applied_so_far, self.epoch * self.quota,
@@ -103,7 +105,7 @@ class SimulatedRun(ExecutorBase):
 
     def monitor(self) -> None:
         """The monitor's tick (ExecutorBase.tick), on simulated time."""
-        why = self.tick(QUIET)
+        why = self.tick(self.stop_requests)
         if why:
             self.sim.stop_run(why)
 
@@ -158,8 +160,8 @@ def simulate(model: Model, data: Dataset, cfg: TrainConfig,
     slices of `quantum` seconds (with fewer cores than workers) and the
     machine's `costs` (default: none). Returns a RunResult whose wall times
     (and time budget) are simulated seconds. hooks: on_epoch_start and
-    on_epoch_end are called (at simulated epoch ends); progress and stop
-    requests are not. init: (P,) the starting parameters (default: the
+    on_epoch_end are called (at simulated epoch ends) and should_stop at
+    every monitor tick; on_progress is not. init: (P,) the starting parameters (default: the
     model's initialisation with cfg.seed)."""
     cfg.check()
     check_data(model, data, cfg)

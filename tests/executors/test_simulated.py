@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from iasgd import data as datasets
-from iasgd import engine
+from iasgd import engine, results
 from iasgd.config import config_where_it_applies
 from iasgd.executors import sim_costs
 from iasgd.executors import simulated as sim
@@ -275,6 +275,20 @@ def test_simulated_time_budget_cuts_the_run_in_simulated_seconds(tiny):
     assert r.status == "time_budget" and r.train_time_s == pytest.approx(0.3)
     assert not r.epochs[-1].complete and r.epochs[-2].complete
     assert r.applied == pytest.approx(0.3 / 0.001 * 4, abs=4)  # 4 workers, 1 ms steps
+
+
+def test_simulated_run_stops_when_its_hooks_ask(tiny):
+    """A stop request (a target reached, an interrupt) ends a simulated run
+    at the monitor's next tick, with the hooks' reason as its status, and
+    keeps the epochs already recorded."""
+    model, data = tiny
+    cfg = engine.TrainConfig(algo="interval", threads=4, epochs=50, batch_size=4)
+    ends = []
+    hooks = results.Hooks(on_epoch_end=ends.append,
+                          should_stop=lambda: "target_reached" if len(ends) >= 2 else None)
+    r = sim.simulate(model, data, cfg, constant_steps(0.001), hooks=hooks)
+    assert r.status == "target_reached"
+    assert 2 <= len(r.epochs) <= 3 and all(e.complete for e in r.epochs[:2])
 
 
 @pytest.mark.parametrize("algo", ["hogwild", "sync"])
