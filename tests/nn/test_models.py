@@ -276,11 +276,13 @@ def test_plan_fuses_relus_and_skips_free_flattens():
     assert plan[:, P.P_RELU].tolist() == [0, 0, 1, 0, 1, 1, 0]
     # nothing before the first conv needs a gradient
     assert plan[:, P.P_GRAD].tolist() == [0, 0, 1, 1, 1, 1, 1]
-    # the 64-channel conv's gradients are GEMMs, with their scratch last;
-    # both forwards run as vectors where the machine has AVX-512
+    # the 64-channel conv's weight gradient is a GEMM, with its scratch last;
+    # both forwards and the input gradient of the same conv from 32 channels
+    # run as vectors where the machine has AVX-512, else that is a GEMM too
     vectors = C.SIMD_FORWARD if C.SIMD else 0
+    inputs = C.SIMD_INPUT if C.SIMD else C.GEMM_INPUT
     assert plan[:, P.P_PATH].tolist() == [0, vectors, 0,
-                                          C.GEMM_WEIGHTS | C.GEMM_INPUT | vectors, 0, 0, 0]
+                                          C.GEMM_WEIGHTS | inputs | vectors, 0, 0, 0]
     # (a GEMM block of one sample in wide rows, 16 x 18 columns: 2 junk of 18
     # are under an eighth; 32 * 9 taps' columns and 64 channels' products)
     assert plan[3, P.P_COFF] == models.build("vgg-small", "cifar10").workspace(2).acts_size \

@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 
 import numpy as np
+import pytest
 
 from iasgd.nn import layers, models, ops
 from iasgd.nn import plan as P
@@ -75,17 +76,47 @@ def test_the_path_bits_pick_the_op_of_each_pass():
 
 def test_the_rules_put_the_gradients_of_wide_3x3_convs_on_gemms():
     """conv_paths on vgg-bn's convs: 3 -> 32 direct in its gradients, 32 -> 64
-    its weight gradient (GEMM_WEIGHTS_MIN_OUT) and input gradient as GEMMs,
-    64 -> 128 on 8x8 rows every pass (NARROW_COLUMNS); 32 -> 32 stays direct."""
+    and 64 -> 128 their weight gradients as GEMMs (GEMM_WEIGHTS_MIN_OUT,
+    NARROW_COLUMNS), their input gradients and every forward in vectors on
+    machines with them (same convs, whole blocks of SIMD3_CHANNELS; 64 ->
+    128's 8x8 maps side by side), else as GEMMs (64 -> 128) and direct (the
+    others); 32 -> 32 stays direct."""
     convs = [names(ops.row_ops(row)) for row in plan_of("vgg-bn")
              if layers.row_op(row) is C.ROW]
-    assert [passes[1:] for passes in convs] == [
-        ("conv3_weights_op", "nothing"),
-        ("conv_gemm_weights_op", "conv_gemm_input_op"),
-        ("conv_gemm_weights_op", "conv_gemm_input_op")]
-    assert convs[2][0] == "conv_gemm_forward_op"
+    if C.SIMD:
+        assert convs == [
+            ("conv3_simd_forward_op", "conv3_weights_op", "nothing"),
+            ("conv3_simd_forward_op", "conv_gemm_weights_op", "conv3_simd_input_op"),
+            ("conv3_same_forward_op", "conv_gemm_weights_op", "conv3_simd_input_op")]
+    else:
+        assert convs == [
+            ("conv3_forward_op", "conv3_weights_op", "nothing"),
+            ("conv3_forward_op", "conv_gemm_weights_op", "conv_gemm_input_op"),
+            ("conv_gemm_forward_op", "conv_gemm_weights_op", "conv_gemm_input_op")]
     narrow = C.conv_paths(3, 32, True, 16, 32, 32 * 18 * 18, 16)
     assert not narrow & C.GEMM_WEIGHTS and narrow & C.GEMM_INPUT
+
+
+@pytest.mark.skipif(not C.SIMD, reason="the vector paths need AVX-512")
+def test_the_vector_paths_take_same_3x3_convs_at_any_width():
+    """SIMD_INPUT writes the interior of the input's gradient only, so it
+    takes "same" convs alone (their input border is padding), with whole
+    blocks of SIMD3_CHANNELS input channels and two rows; narrow same convs
+    run their forward in vectors too (side by side), narrow valid ones not."""
+    def bits(channels=32, width=16, height=16, same=True, grad=True, k=3, out=64):
+        return C.conv_paths(k, out, grad, width, channels, channels * 18 * 18, height, same)
+
+    assert bits() & C.SIMD_INPUT and not bits() & C.GEMM_INPUT
+    for other in (bits(same=False), bits(channels=12), bits(height=1)):
+        assert not other & C.SIMD_INPUT and other & C.GEMM_INPUT
+    assert not bits(grad=False) & (C.SIMD_INPUT | C.GEMM_INPUT)
+    assert not bits(k=5) & C.SIMD_INPUT
+    narrow = bits(channels=64, width=8, height=8)
+    assert narrow & C.SIMD_INPUT and narrow & C.SIMD_FORWARD and narrow & C.GEMM_WEIGHTS
+    assert not narrow & (C.GEMM_FORWARD | C.GEMM_INPUT)
+    valid = bits(channels=64, width=8, height=8, same=False)
+    assert not valid & C.SIMD_FORWARD and valid & C.GEMM_FORWARD
+    assert not bits(width=8, out=12) & C.SIMD_FORWARD
 
 
 def test_assign_writes_the_positions_the_table_holds_them_at():

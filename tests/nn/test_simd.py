@@ -128,3 +128,96 @@ def test_conv5_backward_weights_simd_matches_numpy(shape):
     assert np.abs(dw - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
     np.testing.assert_allclose(db, dout.sum(axis=(0, 2, 3), dtype=np.float64), rtol=1e-5,
                                atol=1e-5)
+
+
+@jit
+def _input_lanes(w, dout, dx, width, scratch):
+    """conv3_input_lanes, an overload that only compiled code can call."""
+    V.conv3_input_lanes(w, dout, dx, width, scratch)
+
+
+@jit
+def _same_forward_lanes(x, w, b, out, width, scratch):
+    V.conv3_same_forward_lanes(x, w, b, out, width, scratch)
+
+
+def test_side_by_side_fills_the_lanes_of_narrow_rows():
+    """Narrow maps go side by side, each with a zero column after it, to at
+    least a vector of outputs; vgg-bn's 8 x 8 maps nine at a time (80
+    outputs, five vectors, 72 pixels); a vector's width and more alone."""
+    assert V.side_by_side(8) == 9
+    for width in range(1, 40):
+        p = V.side_by_side(width)
+        assert p * (width + 1) - 1 >= simd.LANES and 1 <= p <= 16
+        assert (p == 1) == (width >= simd.LANES)
+
+
+narrow_or_wide = st.tuples(
+    st.integers(1, 11),  # N: a last group of fewer samples side by side
+    st.integers(1, 5),  # the channels the kernel reads
+    st.integers(2, 5),  # OH: a pair of rows, several, an odd last one
+    st.integers(1, 36),  # OW: side by side below a vector's width, alone above
+    st.integers(0, 3),  # junk columns
+    st.integers(0, 2**31 - 1),
+)
+
+
+def transposed_conv(w, dout):
+    """dx[n, c] = sum over o of dout[n, o] spread by w[o, c] (N, C, OH+2,
+    OW+2), in float64: the full input gradient of a valid 3x3 conv."""
+    N, _, OH, OW = dout.shape
+    want = np.zeros((N, w.shape[1], OH + 2, OW + 2))
+    for kh in range(3):
+        for kw in range(3):
+            want[:, :, kh:kh + OH, kw:kw + OW] += np.einsum(
+                "oc,noij->ncij", w[:, :, kh, kw].astype(np.float64), dout.astype(np.float64))
+    return want
+
+
+@settings(max_examples=25, deadline=None)
+@given(narrow_or_wide, st.sampled_from([8, 16]))
+def test_conv3_input_lanes_matches_the_transposed_conv_inside_the_border(shape, C):
+    """The input gradient of a "same" 3x3 conv through conv3_input_lanes:
+    the weights flipped and reordered, the output gradient padded (side by
+    side where narrow), in scratch that starts as NaN (all it reads it
+    wrote), against numpy in float64. Only dx's interior is written: a same
+    conv's input border is padding, and junk columns are junk."""
+    N, O, OH, OW, junk, seed = shape
+    H, W = OH + 2, OW + 2
+    S = W + junk
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((O, C, 3, 3)).astype(np.float32)
+    dout = rng.standard_normal((N, O, OH, S)).astype(np.float32)
+    dout[..., OW:] = np.nan  # junk columns of the output gradient: never read
+    dx = np.full((N, C, H, S), np.nan, np.float32)
+    scratch = np.full(V.input_scratch_floats(C, O, OH, OW), np.nan, np.float32)
+    _input_lanes(w, dout.reshape(N, O, OH * S), dx, W, scratch)
+    inside = transposed_conv(w, dout[..., :OW])[:, :, 1:-1, 1:-1]
+    assert np.abs(dx[:, :, 1:-1, 1:W - 1] - inside).max() <= 1e-5 * max(1.0, np.abs(inside).max())
+    border = np.ones((H, S), bool)
+    border[1:-1, 1:W - 1] = False
+    assert np.isnan(dx[:, :, border]).all()
+
+
+@settings(max_examples=25, deadline=None)
+@given(narrow_or_wide, st.sampled_from([8, 16]))
+def test_conv3_same_forward_lanes_matches_scipy(shape, O):
+    """A "same" 3x3 conv's forward side by side: its padded input's border
+    is NaN (the kernel pads its copies itself, so it never reads it), the
+    output's junk columns are not written."""
+    N, C, OH, OW, junk, seed = shape
+    H, W = OH + 2, OW + 2
+    S = W + junk
+    rng = np.random.default_rng(seed)
+    x = np.full((N, C, H, S), np.nan, np.float32)
+    x[:, :, 1:-1, 1:W - 1] = rng.standard_normal((N, C, OH, OW))
+    w = rng.standard_normal((O, C, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(O).astype(np.float32)
+    out = np.full((N, O, OH * S), np.nan, np.float32)
+    scratch = np.full(V.same_forward_scratch_floats(C, O, OH, OW), np.nan, np.float32)
+    _same_forward_lanes(x, w, b, out, W, scratch)
+    got = out.reshape(N, O, OH, S)
+    padded = np.where(np.isnan(x), 0, x)[..., :W].astype(np.float64)
+    want = conv2d_valid(padded, w.astype(np.float64), b)
+    assert np.abs(got[..., :OW] - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
+    assert np.isnan(got[..., OW:]).all()

@@ -19,7 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 from torch_reference import torch_net  # noqa: E402
 
-from iasgd.nn import models  # noqa: E402
+from iasgd.nn import layers, models  # noqa: E402
+from iasgd.nn.layers import conv  # noqa: E402
+from iasgd.nn.plan import P_OW, P_PATH  # noqa: E402
 
 # float32 kernels against float64 autograd, per tensor: the error may be at
 # most GRAD_RTOL of the largest entry of the tensor's `magnitudes` (below).
@@ -118,6 +120,22 @@ def check_against_autograd(model: models.Model, n: int, seed: int) -> None:
 def test_preset_gradients_match_autograd(preset, dataset):
     torch.set_num_threads(1)
     check_against_autograd(models.build(preset, dataset), n=5, seed=0)
+
+
+def test_vector_same_convs_match_autograd():
+    """Both ways a "same" 3x3 conv gets its zero border, a pad row (after a
+    ReLU) and a pool writing inside it, with the input gradient in vectors
+    where the machine has them (whole blocks of 8 channels; rows of 33, 16
+    and 8 columns, an odd count of rows): their gradient's border is never
+    written, and nothing reads it. The last conv's 8x8 maps go side by side,
+    forward and backward, nine samples and then one."""
+    torch.set_num_threads(1)
+    model = models.build("conv8k3s,relu,conv8k3s,relu,pool,conv16k3s,relu,pool,conv8k3s,relu,"
+                         "dense", input_shape=(3, 34, 33), num_classes=5)
+    rows = [row for row in model.workspace(3).plan if layers.row_op(row) is conv.ROW]
+    assert [bool(row[P_PATH] & conv.SIMD_INPUT) for row in rows] == [False] + [conv.SIMD] * 3
+    assert rows[-1][P_OW] == 8 and bool(rows[-1][P_PATH] & conv.SIMD_FORWARD) == conv.SIMD
+    check_against_autograd(model, n=10, seed=4)
 
 
 def test_a_batch_in_slices_matches_autograd():

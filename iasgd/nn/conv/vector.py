@@ -15,8 +15,13 @@ from numba.extending import overload
 
 from iasgd.compiled import jit_inline
 from iasgd.nn import simd
-from iasgd.nn.conv.direct import conv3_forward, conv5_backward_weights, conv5_forward
-from iasgd.nn.plan import total
+from iasgd.nn.conv.direct import (
+    conv3_backward_input,
+    conv3_forward,
+    conv5_backward_weights,
+    conv5_forward,
+)
+from iasgd.nn.plan import copy_values, total
 
 SIMD_BLOCK = 10  # output pixels per block of conv5_forward_simd
 SIMD3_CHANNELS = 8  # output channels per block of conv3_forward_simd
@@ -154,53 +159,60 @@ def conv3_forward_simd(x, wt, b, out, width):
     row before it (those pixels are computed twice, alike).
     """
     N, C, H, S = x.shape
+    xf = x.reshape((N, C * H * S))
+    for n in range(N):
+        conv3_lanes(xf[n], C, H, S, wt, b, out[n], 0, S, H - 2, width - 2)
+
+
+@jit_inline
+def conv3_lanes(xs, C, H, S, wt, b, on, start, T, OH, OW):
+    """One sample's 3x3 conv by conv3_forward_simd's scheme: the input xs
+    (C*H*S,) flat, C planes of H rows of stride S; wt as conv3_forward_simd's
+    for O = b.size output channels; output pixel (i, j), i < OH, j < OW, of
+    channel o written to on[o, start + i*T + j] (on: (O, >= start + OH*T)).
+    Needs OW >= 16 and OH >= 2."""
     O = b.size
     L = simd.LANES
     G = SIMD3_CHANNELS
-    OH, OW = H - 2, width - 2
-    xf = x.reshape((N, C * H * S))
-    for n in range(N):
-        xs = xf[n]
-        on = out[n]
-        for ob in range(0, O, G):
-            group = ob * C * 9  # = (ob / G) * (C*9*G)
-            o0, o1, o2, o3 = on[ob], on[ob + 1], on[ob + 2], on[ob + 3]
-            o4, o5, o6, o7 = on[ob + 4], on[ob + 5], on[ob + 6], on[ob + 7]
-            for i0 in range(0, OH, 2):
-                i = min(i0, OH - 2)
-                for j0 in range(0, OW, L):
-                    j = min(j0, OW - L)
-                    p0 = q0 = simd.splat_at(b, ob)
-                    p1 = q1 = simd.splat_at(b, ob + 1)
-                    p2 = q2 = simd.splat_at(b, ob + 2)
-                    p3 = q3 = simd.splat_at(b, ob + 3)
-                    p4 = q4 = simd.splat_at(b, ob + 4)
-                    p5 = q5 = simd.splat_at(b, ob + 5)
-                    p6 = q6 = simd.splat_at(b, ob + 6)
-                    p7 = q7 = simd.splat_at(b, ob + 7)
-                    for row in range(C * 3):  # (channel, kernel row)
-                        r = (row // 3 * H + i + row % 3) * S + j
-                        for kw in range(3):
-                            top = simd.load(xs, r + kw)  # input row i + kh
-                            bot = simd.load(xs, r + S + kw)  # and i + 1 + kh
-                            t = group + (row * 3 + kw) * G
-                            p0, q0 = _fma_rows(wt, t, top, bot, p0, q0)
-                            p1, q1 = _fma_rows(wt, t + 1, top, bot, p1, q1)
-                            p2, q2 = _fma_rows(wt, t + 2, top, bot, p2, q2)
-                            p3, q3 = _fma_rows(wt, t + 3, top, bot, p3, q3)
-                            p4, q4 = _fma_rows(wt, t + 4, top, bot, p4, q4)
-                            p5, q5 = _fma_rows(wt, t + 5, top, bot, p5, q5)
-                            p6, q6 = _fma_rows(wt, t + 6, top, bot, p6, q6)
-                            p7, q7 = _fma_rows(wt, t + 7, top, bot, p7, q7)
-                    a = i * S + j
-                    _store_rows(o0, a, S, p0, q0)
-                    _store_rows(o1, a, S, p1, q1)
-                    _store_rows(o2, a, S, p2, q2)
-                    _store_rows(o3, a, S, p3, q3)
-                    _store_rows(o4, a, S, p4, q4)
-                    _store_rows(o5, a, S, p5, q5)
-                    _store_rows(o6, a, S, p6, q6)
-                    _store_rows(o7, a, S, p7, q7)
+    for ob in range(0, O, G):
+        group = ob * C * 9  # = (ob / G) * (C*9*G)
+        o0, o1, o2, o3 = on[ob], on[ob + 1], on[ob + 2], on[ob + 3]
+        o4, o5, o6, o7 = on[ob + 4], on[ob + 5], on[ob + 6], on[ob + 7]
+        for i0 in range(0, OH, 2):
+            i = min(i0, OH - 2)
+            for j0 in range(0, OW, L):
+                j = min(j0, OW - L)
+                p0 = q0 = simd.splat_at(b, ob)
+                p1 = q1 = simd.splat_at(b, ob + 1)
+                p2 = q2 = simd.splat_at(b, ob + 2)
+                p3 = q3 = simd.splat_at(b, ob + 3)
+                p4 = q4 = simd.splat_at(b, ob + 4)
+                p5 = q5 = simd.splat_at(b, ob + 5)
+                p6 = q6 = simd.splat_at(b, ob + 6)
+                p7 = q7 = simd.splat_at(b, ob + 7)
+                for row in range(C * 3):  # (channel, kernel row)
+                    r = (row // 3 * H + i + row % 3) * S + j
+                    for kw in range(3):
+                        top = simd.load(xs, r + kw)  # input row i + kh
+                        bot = simd.load(xs, r + S + kw)  # and i + 1 + kh
+                        t = group + (row * 3 + kw) * G
+                        p0, q0 = _fma_rows(wt, t, top, bot, p0, q0)
+                        p1, q1 = _fma_rows(wt, t + 1, top, bot, p1, q1)
+                        p2, q2 = _fma_rows(wt, t + 2, top, bot, p2, q2)
+                        p3, q3 = _fma_rows(wt, t + 3, top, bot, p3, q3)
+                        p4, q4 = _fma_rows(wt, t + 4, top, bot, p4, q4)
+                        p5, q5 = _fma_rows(wt, t + 5, top, bot, p5, q5)
+                        p6, q6 = _fma_rows(wt, t + 6, top, bot, p6, q6)
+                        p7, q7 = _fma_rows(wt, t + 7, top, bot, p7, q7)
+                a = start + i * T + j
+                _store_rows(o0, a, T, p0, q0)
+                _store_rows(o1, a, T, p1, q1)
+                _store_rows(o2, a, T, p2, q2)
+                _store_rows(o3, a, T, p3, q3)
+                _store_rows(o4, a, T, p4, q4)
+                _store_rows(o5, a, T, p5, q5)
+                _store_rows(o6, a, T, p6, q6)
+                _store_rows(o7, a, T, p7, q7)
 
 
 @jit_inline
@@ -232,6 +244,180 @@ def _conv3_forward_lanes(x, w, b, out, width, scratch):
     def lanes(x, w, b, out, width, scratch):
         conv3_forward_simd(x, _grouped_taps(w, SIMD3_CHANNELS, scratch), b, out, width)
     return lanes
+
+
+# ------------------------------------------- "same" 3x3 convs side by side
+#
+# conv3_lanes needs rows of 16 output pixels or more. A "same" 3x3 conv reads
+# zeros around its map, so its map can be copied anywhere with zeros put
+# around it: P samples' rows side by side, one zero column between each two
+# (it is the right border of one and the left of the next), make one wide
+# map whose valid conv holds every sample's output. On vgg-bn's 8 x 8 maps
+# nine samples make rows of 80 outputs (72 of them the samples' pixels) for
+# five vectors of 16 lanes. With a wide map P is 1 and the copy only pads.
+#
+# The input gradient of a "same" 3x3 conv is a "same" 3x3 conv itself: of the
+# output gradient, with the weights flipped in both directions and their two
+# channel axes swapped. It is run this way too, and writes the gradient of
+# the input's interior only: a same conv's input border is padding, and the
+# row that wrote it (a pad row, a pool) reads its gradient's interior only.
+# Measurements: bench/results/conv-paths.md.
+
+
+@jit_inline
+def side_by_side(width):
+    """How many samples of `width` output columns conv3_same_simd puts side
+    by side: 1 from a vector's width on; else the count of at most 16 whose
+    rows waste the fewest lanes, with at least a vector's width of outputs."""
+    L = simd.LANES
+    if width >= L:
+        return 1
+    best, kept = 0, 0.0
+    for p in range(1, 17):
+        outputs = p * (width + 1) - 1
+        if outputs >= L:
+            used = p * width / (L * ((outputs + L - 1) // L))
+            if used >= kept:
+                best, kept = p, used
+    return best
+
+
+@jit_inline
+def conv3_same_simd(src, src_at, src_stride, wt, b, dst, dst_at, dst_stride, OH, OW, packed,
+                    sums):
+    """A "same" 3x3 conv of float32 maps by conv3_lanes, side_by_side(OW)
+    samples at a time.
+
+    src: (N, C, plane) the input maps, sample n's channel c pixel (i, j) at
+    src[n, c, src_at + i*src_stride + j] (i < OH, j < OW); wt: as
+    conv3_lanes's for O = b.size output channels (C*9*O,); dst: (N, O,
+    plane), output pixel (i, j) written to dst[n, o, dst_at + i*dst_stride +
+    j], nothing else written; packed: (C * (OH+2) * T,) scratch, T = P*(OW+1)
+    + 1 with P = side_by_side(OW); sums: (O * OH * T,) scratch where P > 1.
+    Needs OH >= 2.
+    """
+    N, C = src.shape[0], src.shape[1]
+    O = b.size
+    P = side_by_side(OW)
+    T = P * (OW + 1) + 1
+    planes = packed[:C * (OH + 2) * T].reshape((C, OH + 2, T))
+    planes[:] = 0  # the zero border and columns between samples stay zero
+    wide = OH * T if P > 1 else 0  # (no sums needed alone)
+    outputs = sums[:O * wide].reshape((O, wide))
+    for n0 in range(0, N, P):
+        # (a last group of fewer samples leaves the others' maps in the rest:
+        # the zero columns between keep them out of its outputs)
+        for s in range(min(P, N - n0)):
+            at = 1 + s * (OW + 1)
+            for c in range(C):
+                for i in range(OH):
+                    a = src_at + i * src_stride
+                    copy_values(src[n0 + s, c, a:a + OW], planes[c, i + 1, at:at + OW])
+        if P == 1:
+            conv3_lanes(packed, C, OH + 2, T, wt, b, dst[n0], dst_at, dst_stride, OH, OW)
+            continue
+        conv3_lanes(packed, C, OH + 2, T, wt, b, outputs, 0, T, OH, P * (OW + 1) - 1)
+        for s in range(min(P, N - n0)):
+            for o in range(O):
+                for i in range(OH):
+                    a = i * T + s * (OW + 1)
+                    d = dst_at + i * dst_stride
+                    copy_values(outputs[o, a:a + OW], dst[n0 + s, o, d:d + OW])
+
+
+def same_scratch_floats(c: int, out: int, out_height: int, out_width: int) -> int:
+    """Floats of scratch conv3_same_simd takes for a conv from c to `out`
+    channels with out_height x out_width outputs (packed and sums)."""
+    P = side_by_side.py_func(out_width)
+    T = P * (out_width + 1) + 1
+    return c * (out_height + 2) * T + (out * out_height * T if P > 1 else 0)
+
+
+def conv3_same_forward_lanes(x, w, b, out, width, scratch):
+    """The forward of a "same" 3x3 conv by conv3_same_simd on float32 maps,
+    x (N, C, H, S) the padded input of valid width `width`, out (N, O, OH*S)
+    wide (its valid columns written), the weights w (O, C, 3, 3) first
+    reordered into scratch (C*9*O floats, then same_scratch_floats's); the
+    direct kernel on other dtypes."""
+
+
+@overload(conv3_same_forward_lanes, jit_options={"fastmath": True})
+def _conv3_same_forward_lanes(x, w, b, out, width, scratch):
+    if x.dtype != types.float32:
+        return lambda x, w, b, out, width, scratch: conv3_forward(x, w, b, out, width)
+
+    def lanes(x, w, b, out, width, scratch):
+        N, C, H, S = x.shape
+        wt = _grouped_taps(w, SIMD3_CHANNELS, scratch)
+        rest = scratch[wt.size:]
+        packed, sums = _packing(rest, C, b.size, H - 2, width - 2)
+        conv3_same_simd(x.reshape((N, C, H * S)), S + 1, S, wt, b, out, 0, S, H - 2,
+                        width - 2, packed, sums)
+    return lanes
+
+
+@jit_inline
+def _packing(scratch, C, O, OH, OW):
+    """conv3_same_simd's packed and sums scratch, from the start of scratch."""
+    T = side_by_side(OW) * (OW + 1) + 1
+    size = C * (OH + 2) * T
+    return scratch[:size], scratch[size:size + O * OH * T]
+
+
+@jit_inline
+def _flipped_taps(w, G, scratch):
+    """The weights w (O, C, k, k) of a conv flipped in both directions and
+    transposed, w'[c, o, a, b] = w[o, c, k-1-a, k-1-b], reordered (C/G, O, k,
+    k, G) into the start of scratch as _grouped_taps orders a forward's, and
+    that view."""
+    O, C, k, _ = w.shape
+    wt = scratch[:C * k * k * O]
+    for c in range(C):
+        r = (c - c % G) * O * k * k + c % G
+        for o in range(O):
+            for a in range(k):
+                for b in range(k):
+                    wt[r] = w[o, c, k - 1 - a, k - 1 - b]
+                    r += G
+    return wt
+
+
+def conv3_input_lanes(w, dout, dx, width, scratch):
+    """The input gradient of a "same" 3x3 conv by conv3_same_simd on float32
+    maps, the interior of dx (N, C, H, S) only (rows 1..H-2, columns
+    1..width-2; the border and junk columns not written), from dout (N, O,
+    OH*S) wide; the weights w (O, C, 3, 3) first flipped and reordered into
+    scratch (C*9*O floats, then C zeros and same_scratch_floats(O, C, ...));
+    the direct kernel on other dtypes (the tests' float64 finite
+    differences), which writes all of dx."""
+
+
+@overload(conv3_input_lanes, jit_options={"fastmath": True})
+def _conv3_input_lanes(w, dout, dx, width, scratch):
+    if dx.dtype != types.float32:
+        return lambda w, dout, dx, width, scratch: conv3_backward_input(w, dout, dx, width)
+
+    def lanes(w, dout, dx, width, scratch):
+        N, C, H, S = dx.shape
+        O = w.shape[0]
+        wt = _flipped_taps(w, SIMD3_CHANNELS, scratch)
+        zeros = scratch[wt.size:wt.size + C]
+        zeros[:] = 0
+        packed, sums = _packing(scratch[wt.size + C:], O, C, H - 2, width - 2)
+        conv3_same_simd(dout, 0, S, wt, zeros, dx.reshape((N, C, H * S)), S + 1, S, H - 2,
+                        width - 2, packed, sums)
+    return lanes
+
+
+def same_forward_scratch_floats(c: int, out: int, out_height: int, out_width: int) -> int:
+    """Floats of scratch conv3_same_forward_lanes takes."""
+    return c * 9 * out + same_scratch_floats(c, out, out_height, out_width)
+
+
+def input_scratch_floats(c: int, out: int, out_height: int, out_width: int) -> int:
+    """Floats of scratch conv3_input_lanes takes for a conv from c to `out`
+    channels with out_height x out_width outputs."""
+    return c * 9 * out + c + same_scratch_floats(out, c, out_height, out_width)
 
 
 # The weight gradient sums, for each of the C*25 taps, one product per

@@ -60,14 +60,17 @@ class Conv:
 
 # PATH bits of a conv row: which passes run as GEMMs (any kernel size; the
 # direct kernels exist for 3x3 and 5x5 only), and SIMD_FORWARD: the forward
-# runs as conv5_forward_simd or conv3_forward_simd, SIMD_WEIGHTS: the weight
-# gradient of a 5x5 conv as conv5_backward_weights_simd (explicit vectors).
+# runs as conv5_forward_simd or conv3_forward_simd (a "same" 3x3 conv's on
+# narrow rows as conv3_same_simd, side by side), SIMD_WEIGHTS: the weight
+# gradient of a 5x5 conv as conv5_backward_weights_simd, SIMD_INPUT: the
+# input gradient of a same 3x3 conv as conv3_same_simd (explicit vectors).
 GEMM_FORWARD = 1
 GEMM_WEIGHTS = 2
 GEMM_INPUT = 4
 GEMM_ALL = GEMM_FORWARD | GEMM_WEIGHTS | GEMM_INPUT
 SIMD_FORWARD = 8
 SIMD_WEIGHTS = 16
+SIMD_INPUT = 32
 
 # The rules of conv_paths (their measurements: bench/results/conv-paths.md).
 # The input gradient of a 3x3 or 5x5 conv runs as a GEMM from this many
@@ -87,10 +90,11 @@ SIMD_MAX_FLOATS = 8192
 # it, on large maps, the direct kernel's long rows win.
 SIMD_WEIGHTS_MIN_TAPS = 100
 # A 3x3 conv whose output rows are narrower than NARROW_COLUMNS, from
-# NARROW_MIN_CHANNELS input channels on, runs its forward and weight
-# gradient as GEMMs too: the direct loops' rows are too short to vectorise
-# (vgg-bn's 64 -> 128 on 8x8: 40 GFLOP/s forward; its whole step went from
-# 829 to 1,195 samples/s at b = 64, bench/results/recipe-cifar10.md).
+# NARROW_MIN_CHANNELS input channels on, runs its weight gradient as a GEMM
+# too, and its forward unless a "same" conv's runs in vectors side by side:
+# the direct loops' rows are too short to vectorise (vgg-bn's 64 -> 128 on
+# 8x8: 40 GFLOP/s forward; its whole step went from 829 to 1,195 samples/s
+# at b = 64 with GEMMs, bench/results/recipe-cifar10.md).
 NARROW_COLUMNS = 16
 NARROW_MIN_CHANNELS = 64
 # A 3x3 conv from 32 channels to 64 or more runs its weight gradient as a
@@ -102,7 +106,8 @@ GEMM_WEIGHTS_MIN_OUT = 64
 
 
 def conv_paths(k: int, out: int, needs_input_grad: bool, out_width: int = 0,
-               channels: int = 0, in_floats: int = 0, out_height: int = 0) -> int:
+               channels: int = 0, in_floats: int = 0, out_height: int = 0,
+               same: bool = False) -> int:
     """The PATH bits (GEMM_*, SIMD_*) of a k x k conv from `channels` to
     `out` channels with `out_width` output columns and `in_floats` floats of
     input per sample (C*H*S), and `out_height` output rows: other sizes than
@@ -113,9 +118,12 @@ def conv_paths(k: int, out: int, needs_input_grad: bool, out_width: int = 0,
     width of columns, SIMD_MIN_TAPS taps (channels * k * k) or more, and an
     input that fits in L1 beside a group of weights (SIMD_MAX_FLOATS), its
     weight gradient from SIMD_WEIGHTS_MIN_TAPS taps; a 3x3 conv's forward
-    with whole blocks of SIMD3_CHANNELS output channels, a vector's width of
-    columns and two rows; a 3x3 conv on narrow rows from many channels its
-    forward and weight gradient as GEMMs (NARROW_COLUMNS)."""
+    with whole blocks of SIMD3_CHANNELS output channels and two rows, from a
+    vector's width of columns or, a "same" conv (`same`), at any width
+    (narrow maps side by side, vector.conv3_same_simd), and a same 3x3 conv's
+    input gradient with whole blocks of input channels; a 3x3 conv on narrow
+    rows from many channels its weight gradient as a GEMM, and its forward
+    where it is not in vectors (NARROW_COLUMNS)."""
     if k not in (3, 5):
         return GEMM_ALL
     bits = 0
@@ -126,13 +134,16 @@ def conv_paths(k: int, out: int, needs_input_grad: bool, out_width: int = 0,
         bits |= SIMD_FORWARD
     if vectors and taps >= SIMD_WEIGHTS_MIN_TAPS:
         bits |= SIMD_WEIGHTS
-    if (SIMD and k == 3 and out % SIMD3_CHANNELS == 0 and out_width >= simd.LANES
-            and out_height >= 2):
+    wide3 = SIMD and k == 3 and out_width >= simd.LANES and out_height >= 2
+    same3 = SIMD and k == 3 and same and out_height >= 2  # any width: side by side
+    if (wide3 or same3) and out % SIMD3_CHANNELS == 0:
         bits |= SIMD_FORWARD
-    if needs_input_grad and out >= GEMM_INPUT_MIN_CHANNELS:
+    if needs_input_grad and same3 and channels % SIMD3_CHANNELS == 0:
+        bits |= SIMD_INPUT
+    elif needs_input_grad and out >= GEMM_INPUT_MIN_CHANNELS:
         bits |= GEMM_INPUT
     if k == 3 and out_width < NARROW_COLUMNS and channels >= NARROW_MIN_CHANNELS:
-        bits |= GEMM_FORWARD | GEMM_WEIGHTS
+        bits |= GEMM_WEIGHTS | (0 if bits & SIMD_FORWARD else GEMM_FORWARD)
     if k == 3 and channels >= GEMM_WEIGHTS_MIN_CHANNELS and out >= GEMM_WEIGHTS_MIN_OUT:
         bits |= GEMM_WEIGHTS
     return bits
@@ -145,14 +156,20 @@ def scratch_floats(c: int, k: int, out: int, out_height: int, out_width: int, st
     samples' column matrices and products (iasgd.nn.conv.gemm.scratch_sizes);
     conv5_forward_lanes the reordered weights and one block of accumulators,
     conv3_forward_lanes the reordered weights, conv5_weights_lanes a sample's
-    output gradient of 16 channels and their weight gradient."""
+    output gradient of 16 channels and their weight gradient; on narrow rows
+    conv3_same_forward_lanes the reordered weights and the maps side by side,
+    conv3_input_lanes the flipped weights, zeros and the maps side by side."""
     ckk = c * k * k
     gemms = (max(gemm.scratch_sizes(ckk, out, out_height, out_width, stride))
              if bits & GEMM_ALL else 0)
     block = SIMD_BLOCK * simd.LANES if k == 5 else 0
+    if k == 3 and out_width < simd.LANES:  # side by side (vector.conv3_same_simd)
+        block = vector.same_scratch_floats(c, out, out_height, out_width)
     forward = ckk * out + block if bits & SIMD_FORWARD else 0
     weights = (out_height * out_width + ckk) * simd.LANES if bits & SIMD_WEIGHTS else 0
-    return max(gemms, forward, weights)
+    inputs = (vector.input_scratch_floats(c, out, out_height, out_width)
+              if bits & SIMD_INPUT else 0)
+    return max(gemms, forward, weights, inputs)
 
 
 # ------------------------------------------------------------------ pad rows
@@ -224,6 +241,13 @@ def conv3_simd_forward_op(params, grad, plan, i, acts, dacts, argmax, n):
                                output3(acts, row, n), row[P_W], acts[row[P_COFF]:])
 
 
+def conv3_same_forward_op(params, grad, plan, i, acts, dacts, argmax, n):
+    row = plan[i]
+    vector.conv3_same_forward_lanes(input4(acts, row, n), _weights(params, row),
+                                    bias(params, row), output3(acts, row, n), row[P_W],
+                                    acts[row[P_COFF]:])
+
+
 def conv5_simd_forward_op(params, grad, plan, i, acts, dacts, argmax, n):
     row = plan[i]
     vector.conv5_forward_lanes(input4(acts, row, n), _weights(params, row), bias(params, row),
@@ -284,6 +308,12 @@ def conv3_input_op(params, grad, plan, i, acts, dacts, argmax, n):
                                 input4(dacts, row, n), row[P_W])
 
 
+def conv3_simd_input_op(params, grad, plan, i, acts, dacts, argmax, n):
+    row = plan[i]
+    vector.conv3_input_lanes(_weights(params, row), output3(dacts, row, n),
+                             input4(dacts, row, n), row[P_W], dacts[row[P_COFF]:])
+
+
 def conv_gemm_input_op(params, grad, plan, i, acts, dacts, argmax, n):
     row = plan[i]
     CO, CKK = row[P_CO], row[P_C] * row[P_K] * row[P_K]
@@ -327,9 +357,12 @@ def _conv_passes(row: Any) -> tuple:
         _GEMM[p] if bits & bit else plain[p]
         for p, bit in enumerate((GEMM_FORWARD, GEMM_WEIGHTS, GEMM_INPUT)))
     if bits & SIMD_FORWARD:
-        forward = _SIMD_FORWARD[k]
+        narrow = k == 3 and row[P_OW] < simd.LANES  # a same conv, side by side
+        forward = conv3_same_forward_op if narrow else _SIMD_FORWARD[k]
     if bits & SIMD_WEIGHTS:
         weights = conv5_simd_weights_op
+    if bits & SIMD_INPUT:
+        inputs = conv3_simd_input_op
     return forward, weights, inputs if row[P_GRAD] else nothing
 
 
@@ -344,8 +377,8 @@ def _label(row: Any) -> str:
     bits = row[P_PATH]
     gemms = "/".join(label for bit, label in ((GEMM_FORWARD, "fwd"), (GEMM_WEIGHTS, "dw"),
                                               (GEMM_INPUT, "dx")) if bits & bit)
-    vectors = "/".join(label for bit, label in ((SIMD_FORWARD, "fwd"), (SIMD_WEIGHTS, "dw"))
-                       if bits & bit)
+    vectors = "/".join(label for bit, label in ((SIMD_FORWARD, "fwd"), (SIMD_WEIGHTS, "dw"),
+                                                (SIMD_INPUT, "dx")) if bits & bit)
     ways = ([f"gemm {gemms}"] if gemms else []) + ([f"simd {vectors}"] if vectors else [])
     return (f"conv {row[P_C]}->{row[P_CO]} k{row[P_K]} on {row[P_H]}x{row[P_W]}"
             + (f" ({', '.join(ways)})" if ways else ""))
@@ -355,7 +388,8 @@ def _label(row: Any) -> str:
 # passes of a 5x5 conv are the slowest, the others about alike).
 ROW = RowOp("conv", _conv_passes,
             {**{op: 1.5 for ops in (*_DIRECT.values(), _GEMM) for op in ops},
-             conv3_simd_forward_op: 1.5, conv5_simd_forward_op: 1.9, conv5_simd_weights_op: 1.9},
+             conv3_simd_forward_op: 1.5, conv5_simd_forward_op: 1.9, conv5_simd_weights_op: 1.9,
+             conv3_simd_input_op: 1.5, conv3_same_forward_op: 1.5},
             _flops, _label)
 
 
@@ -395,7 +429,7 @@ def _lower(lo: Lowering, ls: LayerShape, nxt: LayerShape | None) -> None:
     c, h, s = lo.c, lo.h, lo.s
     oh, ow = h - layer.k + 1, lo.w - layer.k + 1
     z = lo.alloc(layer.out * oh * s)  # wide rows: the input's stride
-    path = conv_paths(layer.k, layer.out, lo.has_params, ow, c, c * h * s, oh)
+    path = conv_paths(layer.k, layer.out, lo.has_params, ow, c, c * h * s, oh, p > 0)
     row = lo.emit(ROW, layer.out, oh, ow, s, z, k=layer.k,
                   woff=lo.offset(f"{ls.name}.weight"), boff=lo.offset(f"{ls.name}.bias"),
                   path=path)
