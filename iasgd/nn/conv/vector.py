@@ -370,16 +370,7 @@ def _flipped_taps(w, G, scratch):
     transposed, w'[c, o, a, b] = w[o, c, k-1-a, k-1-b], reordered (C/G, O, k,
     k, G) into the start of scratch as _grouped_taps orders a forward's, and
     that view."""
-    O, C, k, _ = w.shape
-    wt = scratch[:C * k * k * O]
-    for c in range(C):
-        r = (c - c % G) * O * k * k + c % G
-        for o in range(O):
-            for a in range(k):
-                for b in range(k):
-                    wt[r] = w[o, c, k - 1 - a, k - 1 - b]
-                    r += G
-    return wt
+    return _grouped_taps(w[:, :, ::-1, ::-1].transpose((1, 0, 2, 3)), G, scratch)
 
 
 def conv3_input_lanes(w, dout, dx, width, scratch):
