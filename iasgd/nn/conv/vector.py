@@ -369,8 +369,18 @@ def _flipped_taps(w, G, scratch):
     """The weights w (O, C, k, k) of a conv flipped in both directions and
     transposed, w'[c, o, a, b] = w[o, c, k-1-a, k-1-b], reordered (C/G, O, k,
     k, G) into the start of scratch as _grouped_taps orders a forward's, and
-    that view."""
-    return _grouped_taps(w[:, :, ::-1, ::-1].transpose((1, 0, 2, 3)), G, scratch)
+    that view. (Not _grouped_taps of a transposed view: numba's transpose
+    allocates, on every step.)"""
+    O, C, k, _ = w.shape
+    wt = scratch[:C * k * k * O]
+    for c in range(C):
+        r = (c - c % G) * O * k * k + c % G
+        for o in range(O):
+            for a in range(k):
+                for b in range(k):
+                    wt[r] = w[o, c, k - 1 - a, k - 1 - b]
+                    r += G
+    return wt
 
 
 def conv3_input_lanes(w, dout, dx, width, scratch):
