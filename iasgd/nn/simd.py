@@ -140,3 +140,49 @@ def fma(typingctx: Any, a: Any, b: Any, c: Any) -> Any:
             builder.module, ir.FunctionType(_VECTOR, [_VECTOR] * 3), "llvm.fma.v16f32")
         return builder.call(fused, args)
     return f32x16(a, b, c), codegen
+
+
+def _transposed(builder: Any, rows: list) -> list:
+    """The 16 vectors of the transpose of the 16 x 16 matrix whose rows are
+    `rows`: four rounds of 8 pairs of shuffles, round k swapping bit k of
+    the row index with bit k of the lane index (each shuffle one permute
+    instruction, 64 in all)."""
+    rows = list(rows)
+    mask = ir.VectorType(ir.IntType(32), LANES)
+    for k in range(4):
+        step = 1 << k
+        low = [c if not c & step else LANES + c - step for c in range(LANES)]
+        high = [c + step if not c & step else LANES + c for c in range(LANES)]
+        for r in range(LANES):
+            if r & step:
+                continue
+            a, b = rows[r], rows[r + step]
+            rows[r] = builder.shuffle_vector(a, b, ir.Constant(mask, low))
+            rows[r + step] = builder.shuffle_vector(a, b, ir.Constant(mask, high))
+    return rows
+
+
+@intrinsic
+def transpose(typingctx: Any, src: Any, src_at: Any, src_stride: Any, dst: Any, dst_at: Any,
+              dst_stride: Any) -> Any:
+    """Copy a 16 x 16 block transposed: dst[dst_at + c*dst_stride + r] =
+    src[src_at + r*src_stride + c] for r, c < 16 (16 vector loads, 64
+    shuffles and 16 vector stores, where element by element takes 256 loads
+    and stores)."""
+    ints = (src_at, src_stride, dst_at, dst_stride)
+    if not (_float32_vector(src) and _float32_vector(dst)
+            and all(isinstance(i, types.Integer) for i in ints)):
+        return None
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        src, src_at, src_stride, dst, dst_at, dst_stride = (
+            arg if m in (0, 3) else context.cast(builder, arg, sig.args[m], types.intp)
+            for m, arg in enumerate(args))
+        rows = [builder.load(_lanes_at(context, builder, sig.args[0], src, builder.add(
+            src_at, builder.mul(src_stride, ir.Constant(src_stride.type, r)))), align=4)
+            for r in range(LANES)]
+        for c, column in enumerate(_transposed(builder, rows)):
+            at = builder.add(dst_at, builder.mul(dst_stride, ir.Constant(dst_stride.type, c)))
+            builder.store(column, _lanes_at(context, builder, sig.args[3], dst, at), align=4)
+        return context.get_dummy_value()
+    return types.none(src, src_at, src_stride, dst, dst_at, dst_stride), codegen

@@ -72,22 +72,25 @@ def test_the_path_bits_pick_the_op_of_each_pass():
     conv = next(row for row in plan_of("conv16k3,relu,dense") if layers.row_op(row) is C.ROW)
     conv[P.P_PATH] = C.SIMD_FORWARD
     assert names(ops.row_ops(conv)) == ("conv3_simd_forward_op", "conv3_weights_op", "nothing")
+    conv[P.P_PATH] = C.SIMD_WEIGHTS
+    assert names(ops.row_ops(conv)) == ("conv3_forward_op", "conv3_simd_weights_op", "nothing")
 
 
-def test_the_rules_put_the_gradients_of_wide_3x3_convs_on_gemms():
-    """conv_paths on vgg-bn's convs: 3 -> 32 direct in its gradients, 32 -> 64
-    and 64 -> 128 their weight gradients as GEMMs (GEMM_WEIGHTS_MIN_OUT,
-    NARROW_COLUMNS), their input gradients and every forward in vectors on
-    machines with them (same convs, whole blocks of SIMD3_CHANNELS; 64 ->
-    128's 8x8 maps side by side), else as GEMMs (64 -> 128) and direct (the
-    others); 32 -> 32 stays direct."""
+def test_the_rules_put_the_gradients_of_wide_3x3_convs_on_gemms_or_vectors():
+    """conv_paths on vgg-bn's convs. On machines with the vectors every
+    forward, every weight gradient (whole groups of SIMD3_WEIGHT_CHANNELS)
+    and the input gradients run in them (same convs, whole blocks of
+    SIMD3_CHANNELS; 64 -> 128's 8x8 maps side by side). Elsewhere 3 -> 32
+    is direct in its gradients, 32 -> 64 and 64 -> 128 run their weight
+    gradients as GEMMs (GEMM_WEIGHTS_MIN_OUT, NARROW_COLUMNS), 64 -> 128
+    its other passes too; 32 -> 32 stays direct."""
     convs = [names(ops.row_ops(row)) for row in plan_of("vgg-bn")
              if layers.row_op(row) is C.ROW]
     if C.SIMD:
         assert convs == [
-            ("conv3_simd_forward_op", "conv3_weights_op", "nothing"),
-            ("conv3_simd_forward_op", "conv_gemm_weights_op", "conv3_simd_input_op"),
-            ("conv3_same_forward_op", "conv_gemm_weights_op", "conv3_simd_input_op")]
+            ("conv3_simd_forward_op", "conv3_simd_weights_op", "nothing"),
+            ("conv3_simd_forward_op", "conv3_simd_weights_op", "conv3_simd_input_op"),
+            ("conv3_same_forward_op", "conv3_simd_weights_op", "conv3_simd_input_op")]
     else:
         assert convs == [
             ("conv3_forward_op", "conv3_weights_op", "nothing"),
@@ -95,6 +98,11 @@ def test_the_rules_put_the_gradients_of_wide_3x3_convs_on_gemms():
             ("conv_gemm_forward_op", "conv_gemm_weights_op", "conv_gemm_input_op")]
     narrow = C.conv_paths(3, 32, True, 16, 32, 32 * 18 * 18, 16)
     assert not narrow & C.GEMM_WEIGHTS and narrow & C.GEMM_INPUT
+    # whole groups of output channels only; the others keep the GEMM
+    uneven = C.conv_paths(3, 48, True, 8, 64, 64 * 10 * 10, 8, True)
+    assert uneven & C.GEMM_WEIGHTS and not uneven & C.SIMD_WEIGHTS
+    wide = C.conv_paths(3, 64, True, 16, 32, 32 * 18 * 18, 16, True)
+    assert bool(wide & C.SIMD_WEIGHTS) == C.SIMD != bool(wide & C.GEMM_WEIGHTS)
 
 
 @pytest.mark.skipif(not C.SIMD, reason="the vector paths need AVX-512")
@@ -112,7 +120,7 @@ def test_the_vector_paths_take_same_3x3_convs_at_any_width():
     assert not bits(grad=False) & (C.SIMD_INPUT | C.GEMM_INPUT)
     assert not bits(k=5) & C.SIMD_INPUT
     narrow = bits(channels=64, width=8, height=8)
-    assert narrow & C.SIMD_INPUT and narrow & C.SIMD_FORWARD and narrow & C.GEMM_WEIGHTS
+    assert narrow & C.SIMD_INPUT and narrow & C.SIMD_FORWARD and narrow & C.SIMD_WEIGHTS
     assert not narrow & (C.GEMM_FORWARD | C.GEMM_INPUT)
     valid = bits(channels=64, width=8, height=8, same=False)
     assert not valid & C.SIMD_FORWARD and valid & C.GEMM_FORWARD

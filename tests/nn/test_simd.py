@@ -37,6 +37,26 @@ def test_the_vectors_take_float32_arrays_only():
         numba.njit(lambda a: simd.load(a, 0))(np.zeros(16))
 
 
+@jit
+def _transpose(src, src_at, src_stride, dst, dst_at, dst_stride):
+    simd.transpose(src, src_at, src_stride, dst, dst_at, dst_stride)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(0, 5), st.integers(16, 21), st.integers(0, 5), st.integers(16, 21))
+def test_transpose_copies_a_16_by_16_block_transposed_and_nothing_else(a, sa, b, sb):
+    src = np.random.default_rng(a + sa).standard_normal(a + 16 * sa + 3).astype(np.float32)
+    dst = np.full(b + 16 * sb + 3, np.nan, np.float32)
+    _transpose(src, a, sa, dst, b, sb)
+    block = np.lib.stride_tricks.as_strided(src[a:], (16, 16), (4 * sa, 4))
+    written = np.lib.stride_tricks.as_strided(dst[b:], (16, 16), (4 * sb, 4))
+    np.testing.assert_array_equal(written, block.T)
+    mask = np.ones(dst.size, bool)
+    for c in range(16):
+        mask[b + c * sb:b + c * sb + 16] = False
+    assert np.isnan(dst[mask]).all()
+
+
 simd_conv_shapes = st.tuples(
     st.integers(1, 2),  # N
     st.integers(1, 5),  # C
@@ -108,20 +128,46 @@ def test_conv3_forward_simd_matches_scipy(shape):
     st.integers(0, 2**31 - 1),
 ))
 def test_conv5_backward_weights_simd_matches_numpy(shape):
-    """dw[o, c, kh, kw] = sum over samples and output pixels of dout * the
-    input under tap (kh, kw); db[o] = the sum of dout: numpy in float64."""
     N, C, O, dh, OW, junk, seed = shape
-    k = 5
-    H, W = k + dh, OW + k - 1
-    S, OH = W + junk, dh + 1
+    check_weight_gradient(V.conv5_backward_weights_simd, 5, (N, C, O, dh + 1, OW, junk, seed),
+                          ((dh + 1) * OW + C * 25) * simd.LANES)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.tuples(
+    st.integers(1, 3),  # N
+    st.integers(1, 5),  # C
+    st.sampled_from([32, 64]),  # O: whole groups of SIMD3_WEIGHT_CHANNELS
+    st.integers(1, 6),  # OH: one block of rows, several (WEIGHTS3_BLOCK)
+    st.integers(1, 36),  # OW: whole vectors of columns, a short last one, only that
+    st.integers(0, 3),  # junk columns
+    st.integers(0, 2**31 - 1),
+))
+def test_conv3_backward_weights_simd_matches_numpy(shape):
+    """The output gradient's rows go into the lanes 16 columns at a time; a
+    short last block reads on into the next row or channel, except at the
+    end of the batch."""
+    _, C, O, OH, OW, *_ = shape
+    check_weight_gradient(V.conv3_backward_weights_simd, 3, shape,
+                          V.weights3_scratch_floats(C, O, OH, OW))
+
+
+def check_weight_gradient(kernel, k, shape, scratch_floats):
+    """dw[o, c, kh, kw] = sum over samples and output pixels of dout * the
+    input under tap (kh, kw); db[o] = the sum of dout: numpy in float64.
+    The input's junk columns are NaN (never read), the scratch starts as
+    NaN (all it reads it wrote)."""
+    N, C, O, OH, OW, junk, seed = shape
+    H, W = OH + k - 1, OW + k - 1
+    S = W + junk
     rng = np.random.default_rng(seed)
-    x = rng.standard_normal((N, C, H, S)).astype(np.float32)  # junk columns hold garbage
+    x = rng.standard_normal((N, C, H, S)).astype(np.float32)
+    x[..., W:] = np.nan
     dout = rng.standard_normal((N, O, OH, S)).astype(np.float32)
     dout[..., OW:] = 0  # the kernels' contract: zero in junk columns
     dw = np.full((O, C, k, k), np.nan, np.float32)
     db = np.full(O, np.nan, np.float32)
-    scratch = np.full((OH * OW + C * k * k) * simd.LANES, np.nan, np.float32)
-    V.conv5_backward_weights_simd(x, dout.reshape(N, O, OH * S), dw, db, W, scratch)
+    kernel(x, dout.reshape(N, O, OH * S), dw, db, W, np.full(scratch_floats, np.nan, np.float32))
     windows = np.lib.stride_tricks.sliding_window_view(x[..., :W].astype(np.float64),
                                                        (k, k), axis=(2, 3))  # (N, C, OH, OW, k, k)
     want = np.einsum("noij,ncijhw->ochw", dout[..., :OW].astype(np.float64), windows)

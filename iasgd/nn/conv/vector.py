@@ -17,6 +17,7 @@ from iasgd.compiled import jit_inline
 from iasgd.nn import simd
 from iasgd.nn.conv.direct import (
     conv3_backward_input,
+    conv3_backward_weights,
     conv3_forward,
     conv5_backward_weights,
     conv5_forward,
@@ -124,14 +125,28 @@ def _grouped_taps(w, G, scratch):
     """The weights w (O, C, k, k) reordered (O/G, C, k, k, G) into the start
     of scratch, and that view: each group of G output channels' taps
     together, a tap's G channels side by side (the vector forwards' order)."""
+    return _reordered_taps(w, G, scratch, False)
+
+
+@jit_inline
+def _reordered_taps(w, G, scratch, flipped):
+    """_grouped_taps's order of the weights w (O, C, k, k), or where
+    `flipped` of the weights flipped in both directions and transposed,
+    w'[c, o, a, b] = w[o, c, k-1-a, k-1-b] (the input gradient's conv),
+    reordered (C/G, O, k, k, G); into the start of scratch, and that view.
+    (Not of a transposed view: numba's transpose allocates, on every step.)"""
     O, C, k, _ = w.shape
+    A, B = (C, O) if flipped else (O, C)
     wt = scratch[:C * k * k * O]
-    for o in range(O):
-        r = (o - o % G) * C * k * k + o % G
-        for c in range(C):
+    for a in range(A):
+        r = (a - a % G) * B * k * k + a % G
+        for b in range(B):
             for kh in range(k):
                 for kw in range(k):
-                    wt[r] = w[o, c, kh, kw]
+                    if flipped:
+                        wt[r] = w[b, a, k - 1 - kh, k - 1 - kw]
+                    else:
+                        wt[r] = w[a, b, kh, kw]
                     r += G
     return wt
 
@@ -364,25 +379,6 @@ def _packing(scratch, C, O, OH, OW):
     return scratch[:size], scratch[size:size + O * OH * T]
 
 
-@jit_inline
-def _flipped_taps(w, G, scratch):
-    """The weights w (O, C, k, k) of a conv flipped in both directions and
-    transposed, w'[c, o, a, b] = w[o, c, k-1-a, k-1-b], reordered (C/G, O, k,
-    k, G) into the start of scratch as _grouped_taps orders a forward's, and
-    that view. (Not _grouped_taps of a transposed view: numba's transpose
-    allocates, on every step.)"""
-    O, C, k, _ = w.shape
-    wt = scratch[:C * k * k * O]
-    for c in range(C):
-        r = (c - c % G) * O * k * k + c % G
-        for o in range(O):
-            for a in range(k):
-                for b in range(k):
-                    wt[r] = w[o, c, k - 1 - a, k - 1 - b]
-                    r += G
-    return wt
-
-
 def conv3_input_lanes(w, dout, dx, width, scratch):
     """The input gradient of a "same" 3x3 conv by conv3_same_simd on float32
     maps, the interior of dx (N, C, H, S) only (rows 1..H-2, columns
@@ -401,7 +397,7 @@ def _conv3_input_lanes(w, dout, dx, width, scratch):
     def lanes(w, dout, dx, width, scratch):
         N, C, H, S = dx.shape
         O = w.shape[0]
-        wt = _flipped_taps(w, SIMD3_CHANNELS, scratch)
+        wt = _reordered_taps(w, SIMD3_CHANNELS, scratch, True)
         zeros = scratch[wt.size:wt.size + C]
         zeros[:] = 0
         packed, sums = _packing(scratch[wt.size + C:], O, C, H - 2, width - 2)
@@ -510,11 +506,164 @@ def conv5_weights_lanes(x, dout, dw, db, width, scratch):
     other dtypes (the tests' float64 finite differences)."""
 
 
-@overload(conv5_weights_lanes, jit_options={"fastmath": True})
-def _conv5_weights_lanes(x, dout, dw, db, width, scratch):
-    if x.dtype != types.float32:
-        return lambda x, dout, dw, db, width, scratch: conv5_backward_weights(x, dout, dw, db,
-                                                                                width)
-    return lambda x, dout, dw, db, width, scratch: conv5_backward_weights_simd(
-        x, dout, dw, db, width, scratch)
+def _weights_lanes(stub, vectors, direct):
+    """Compile calls of the weight gradient `stub` as `vectors` on float32
+    maps, as the direct kernel `direct` (no scratch) on other dtypes."""
+    @overload(stub, jit_options={"fastmath": True})
+    def _lanes(x, dout, dw, db, width, scratch):
+        if x.dtype != types.float32:
+            return lambda x, dout, dw, db, width, scratch: direct(x, dout, dw, db, width)
+        return lambda x, dout, dw, db, width, scratch: vectors(x, dout, dw, db, width, scratch)
 
+
+_weights_lanes(conv5_weights_lanes, conv5_backward_weights_simd, conv5_backward_weights)
+
+
+
+# The weight gradient of a 3x3 conv, output channels in the lanes as the 5x5
+# one's, but two vectors of them (32 channels) by all nine taps of one input
+# channel: 18 sums in registers through a sample's pixels, and per pixel two
+# vector loads of the output gradient and nine broadcasts of input values
+# for 18 multiply-adds (one vector of channels by three taps, the 5x5
+# kernel's shape, would load about once per multiply-add). Measurements:
+# bench/results/conv-paths.md.
+SIMD3_WEIGHT_CHANNELS = 2 * simd.LANES  # output channels of a group
+WEIGHTS3_BLOCK = 4096  # floats of output gradient a block of rows takes (16 KB of L1)
+
+
+@jit_inline
+def conv3_backward_weights_simd(x, dout, dw, db, width, scratch):
+    """conv_backward_weights of a 3x3 kernel on float32 maps by explicit
+    vectors, SIMD3_WEIGHT_CHANNELS output channels at a time.
+
+    x: (N, C, H, S), valid width `width`; dout: (N, O, OH*S) wide, zero in
+    junk columns; dw: (O, C, 3, 3) and db: (O,) are overwritten; O a
+    multiple of SIMD3_WEIGHT_CHANNELS; scratch: (O*OH*OW + C*9*O,) floats,
+    for one sample's output gradient, group-major and position-major (O/G,
+    OH*OW, G), and the weight gradient's sums (O/G, C, 9, G).
+    """
+    N, C, H, S = x.shape
+    O = db.size
+    L = simd.LANES
+    G = SIMD3_WEIGHT_CHANNELS
+    OH, OW = H - 2, width - 2
+    PX = OH * OW
+    xf = x.reshape((N, C * H * S))
+    lanes = scratch[:O * PX]
+    sums = scratch[O * PX:O * PX + C * 9 * O]
+    tile = scratch[O * PX + C * 9 * O:O * PX + C * 9 * O + L * L]
+    df = dout.reshape(N * O * OH * S)
+    zero = simd.splat(np.float32(0))
+    rows = max(1, WEIGHTS3_BLOCK // (OW * G))
+    for o in range(O):
+        db[o] = 0
+        for n in range(N):
+            db[o] += total(dout[n, o, :(OH - 1) * S + OW])
+    for t in range(0, C * 9 * O, L):
+        simd.store(sums, t, zero)
+    for n in range(N):
+        _positions_major(df, n * O * OH * S, O, S, OH, OW, G, lanes, tile)
+        xs = xf[n]
+        for i0 in range(0, OH, rows):  # a block of rows, in L1 through (group, channel)
+            for oc in range(O // G * C):
+                og, c = oc // C * G, oc % C
+                t = (og * C + c * G) * 9  # this group's and channel's 9 taps of sums
+                a0, a1, a2 = _load3(sums, t, G)
+                a3, a4, a5 = _load3(sums, t + 3 * G, G)
+                a6, a7, a8 = _load3(sums, t + 6 * G, G)
+                b0, b1, b2 = _load3(sums, t + L, G)
+                b3, b4, b5 = _load3(sums, t + 3 * G + L, G)
+                b6, b7, b8 = _load3(sums, t + 6 * G + L, G)
+                for i in range(i0, min(i0 + rows, OH)):
+                    r = (c * H + i) * S  # input row of output row i, kernel row 0
+                    q = og * PX + i * OW * G
+                    for j in range(OW):
+                        e = simd.load(lanes, q + j * G)  # channels og .. og + 15
+                        f = simd.load(lanes, q + j * G + L)  # og + 16 .. og + 31
+                        p = r + j
+                        a0, b0 = _tap_pair(e, f, xs, p, a0, b0)
+                        a1, b1 = _tap_pair(e, f, xs, p + 1, a1, b1)
+                        a2, b2 = _tap_pair(e, f, xs, p + 2, a2, b2)
+                        a3, b3 = _tap_pair(e, f, xs, p + S, a3, b3)
+                        a4, b4 = _tap_pair(e, f, xs, p + S + 1, a4, b4)
+                        a5, b5 = _tap_pair(e, f, xs, p + S + 2, a5, b5)
+                        a6, b6 = _tap_pair(e, f, xs, p + 2 * S, a6, b6)
+                        a7, b7 = _tap_pair(e, f, xs, p + 2 * S + 1, a7, b7)
+                        a8, b8 = _tap_pair(e, f, xs, p + 2 * S + 2, a8, b8)
+                _store3(sums, t, G, a0, a1, a2)
+                _store3(sums, t + 3 * G, G, a3, a4, a5)
+                _store3(sums, t + 6 * G, G, a6, a7, a8)
+                _store3(sums, t + L, G, b0, b1, b2)
+                _store3(sums, t + 3 * G + L, G, b3, b4, b5)
+                _store3(sums, t + 6 * G + L, G, b6, b7, b8)
+    taps = dw.reshape((O, C * 9))
+    for o in range(O):  # (O/G, C, 9, G) sums -> dw
+        q = (o - o % G) * C * 9 + o % G
+        for t in range(C * 9):
+            taps[o, t] = sums[q + t * G]
+
+
+@jit_inline
+def _positions_major(df, at, O, S, OH, OW, G, lanes, tile):
+    """One sample's output gradient, (O, OH*S) wide from df[at] (df: the
+    batch's, flat), into lanes (O/G, OH*OW, G): group-major, then
+    position-major; 16 channels by 16 columns of a row at a time, transposed
+    in registers (simd.transpose). A row's last columns short of 16 go
+    through tile (256 floats), read with the next row's or channel's first
+    (not stored), unless that read would run past df's end."""
+    L = simd.LANES
+    PS = OH * S
+    PX = OH * OW
+    for og in range(0, O, G):
+        for i in range(OH):
+            q = og * PX + i * OW * G
+            for h in range(0, G, L):
+                src = at + (og + h) * PS + i * S  # channel og + h's row i
+                for j in range(0, OW, L):
+                    m = min(L, OW - j)
+                    if m == L:
+                        simd.transpose(df, src + j, PS, lanes, q + j * G + h, G)
+                    elif src + j + (L - 1) * PS + L <= df.size:
+                        simd.transpose(df, src + j, PS, tile, 0, L)
+                        for p in range(m):
+                            simd.store(lanes, q + (j + p) * G + h, simd.load(tile, p * L))
+                    else:
+                        for o in range(L):
+                            for p in range(m):
+                                lanes[q + (j + p) * G + h + o] = df[src + o * PS + j + p]
+
+
+@jit_inline
+def _tap_pair(e, f, xs, p, a, b):
+    """One tap's sums of two vectors of channels, a and b, after one more
+    output pixel: their gradients e and f times the tap's input value xs[p]
+    broadcast."""
+    v = simd.splat_at(xs, p)
+    return simd.fma(e, v, a), simd.fma(f, v, b)
+
+
+@jit_inline
+def _load3(sums, t, G):
+    """The three vectors of sums at t, t + G and t + 2G."""
+    return simd.load(sums, t), simd.load(sums, t + G), simd.load(sums, t + 2 * G)
+
+
+@jit_inline
+def _store3(sums, t, G, a, b, c):
+    """a, b and c stored at t, t + G and t + 2G of sums."""
+    simd.store(sums, t, a)
+    simd.store(sums, t + G, b)
+    simd.store(sums, t + 2 * G, c)
+
+
+def conv3_weights_lanes(x, dout, dw, db, width, scratch):
+    """conv3_backward_weights_simd on float32 maps; the direct kernel on
+    other dtypes (the tests' float64 finite differences)."""
+
+
+_weights_lanes(conv3_weights_lanes, conv3_backward_weights_simd, conv3_backward_weights)
+
+
+def weights3_scratch_floats(c: int, out: int, out_height: int, out_width: int) -> int:
+    """Floats of scratch conv3_weights_lanes takes."""
+    return out * out_height * out_width + c * 9 * out + simd.LANES ** 2
