@@ -519,7 +519,6 @@ def _weights_lanes(stub, vectors, direct):
 _weights_lanes(conv5_weights_lanes, conv5_backward_weights_simd, conv5_backward_weights)
 
 
-
 # The weight gradient of a 3x3 conv, output channels in the lanes as the 5x5
 # one's, but two vectors of them (32 channels) by all nine taps of one input
 # channel: 18 sums in registers through a sample's pixels, and per pixel two
@@ -538,9 +537,10 @@ def conv3_backward_weights_simd(x, dout, dw, db, width, scratch):
 
     x: (N, C, H, S), valid width `width`; dout: (N, O, OH*S) wide, zero in
     junk columns; dw: (O, C, 3, 3) and db: (O,) are overwritten; O a
-    multiple of SIMD3_WEIGHT_CHANNELS; scratch: (O*OH*OW + C*9*O,) floats,
-    for one sample's output gradient, group-major and position-major (O/G,
-    OH*OW, G), and the weight gradient's sums (O/G, C, 9, G).
+    multiple of SIMD3_WEIGHT_CHANNELS; scratch: (O*OH*OW + C*9*O + 256,)
+    floats, for one sample's output gradient, group-major and position-major
+    (O/G, OH*OW, G), the weight gradient's sums (O/G, C, 9, G) and a 16 x 16
+    tile (_positions_major's).
     """
     N, C, H, S = x.shape
     O = db.size
