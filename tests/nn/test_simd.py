@@ -13,6 +13,7 @@ from reference import conv2d_valid
 from iasgd.compiled import jit
 from iasgd.nn import simd
 from iasgd.nn.conv import vector as V
+from iasgd.nn.conv import vector_weights as VW
 
 
 @jit
@@ -129,7 +130,7 @@ def test_conv3_forward_simd_matches_scipy(shape):
 ))
 def test_conv5_backward_weights_simd_matches_numpy(shape):
     N, C, O, dh, OW, junk, seed = shape
-    check_weight_gradient(V.conv5_backward_weights_simd, 5, (N, C, O, dh + 1, OW, junk, seed),
+    check_weight_gradient(VW.conv5_backward_weights_simd, 5, (N, C, O, dh + 1, OW, junk, seed),
                           ((dh + 1) * OW + C * 25) * simd.LANES)
 
 
@@ -148,8 +149,8 @@ def test_conv3_backward_weights_simd_matches_numpy(shape):
     short last block reads on into the next row or channel, except at the
     end of the batch."""
     _, C, O, OH, OW, *_ = shape
-    check_weight_gradient(V.conv3_backward_weights_simd, 3, shape,
-                          V.weights3_scratch_floats(C, O, OH, OW))
+    check_weight_gradient(VW.conv3_backward_weights_simd, 3, shape,
+                          VW.weights3_scratch_floats(C, O, OH, OW))
 
 
 def check_weight_gradient(kernel, k, shape, scratch_floats):

@@ -7,7 +7,7 @@ stride (iasgd.nn.plan). How each of its passes runs is its PATH bits,
 chosen here by `conv_paths` for the conv's shape and this machine: the
 direct 3x3 and 5x5 kernels (iasgd.nn.conv.direct), im2col + BLAS GEMM for
 any odd k (iasgd.nn.conv.gemm), or explicit vectors on machines with
-AVX-512 (iasgd.nn.conv.vector). The measurements behind the rules are in
+AVX-512 (iasgd.nn.conv.vector, vector_weights). The measurements behind the rules are in
 bench/results/conv-paths.md.
 """
 
@@ -19,8 +19,9 @@ from typing import Any
 
 from iasgd.compiled import jit_inline
 from iasgd.nn import simd
-from iasgd.nn.conv import direct, gemm, vector
-from iasgd.nn.conv.vector import SIMD3_CHANNELS, SIMD3_WEIGHT_CHANNELS, SIMD_BLOCK
+from iasgd.nn.conv import direct, gemm, vector, vector_weights
+from iasgd.nn.conv.vector import SIMD3_CHANNELS, SIMD_BLOCK
+from iasgd.nn.conv.vector_weights import SIMD3_WEIGHT_CHANNELS
 from iasgd.nn.kinds import Kind, LayerShape, Lowering, Params, RowOp, Shape, Sizing, image
 from iasgd.nn.plan import (
     P_C,
@@ -181,7 +182,7 @@ def scratch_floats(c: int, k: int, out: int, out_height: int, out_width: int, st
     weights = 0
     if bits & SIMD_WEIGHTS:
         weights = ((out_height * out_width + ckk) * simd.LANES if k == 5
-                   else vector.weights3_scratch_floats(c, out, out_height, out_width))
+                   else vector_weights.weights3_scratch_floats(c, out, out_height, out_width))
     inputs = (vector.input_scratch_floats(c, out, out_height, out_width)
               if bits & SIMD_INPUT else 0)
     return max(gemms, forward, weights, inputs)
@@ -287,14 +288,14 @@ def conv5_weights_op(params, grad, plan, i, acts, dacts, argmax, n):
 
 def conv5_simd_weights_op(params, grad, plan, i, acts, dacts, argmax, n):
     row = plan[i]
-    vector.conv5_weights_lanes(input4(acts, row, n), output3(dacts, row, n),
+    vector_weights.conv5_weights_lanes(input4(acts, row, n), output3(dacts, row, n),
                                _weights(grad, row), bias(grad, row), row[P_W],
                                dacts[row[P_COFF]:])
 
 
 def conv3_simd_weights_op(params, grad, plan, i, acts, dacts, argmax, n):
     row = plan[i]
-    vector.conv3_weights_lanes(input4(acts, row, n), output3(dacts, row, n),
+    vector_weights.conv3_weights_lanes(input4(acts, row, n), output3(dacts, row, n),
                                _weights(grad, row), bias(grad, row), row[P_W],
                                dacts[row[P_COFF]:])
 
