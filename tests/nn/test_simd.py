@@ -188,19 +188,30 @@ def _same_forward_lanes(x, w, b, out, width, scratch):
     V.conv3_same_forward_lanes(x, w, b, out, width, scratch)
 
 
-def test_side_by_side_fills_the_lanes_of_narrow_rows():
+def test_side_by_side_takes_the_fewest_vectors_for_the_slice():
     """Narrow maps go side by side, each with a zero column after it, to at
-    least a vector of outputs; vgg-bn's 8 x 8 maps nine at a time (80
-    outputs, five vectors, 72 pixels); a vector's width and more alone."""
-    assert V.side_by_side(8) == 9
+    least a vector of outputs, as many as make the slice's groups take the
+    fewest vectors (the smaller count on ties): vgg-bn's 8 x 8 maps sixteen
+    at a time in slices of 16 or 64 (9 vectors a group), eight in a slice
+    of 8; a vector's width and more alone."""
+    assert [V.side_by_side(8, n) for n in (16, 64, 8, 1)] == [16, 16, 8, 2]
+    L = simd.LANES
     for width in range(1, 40):
-        p = V.side_by_side(width)
-        assert p * (width + 1) - 1 >= simd.LANES and 1 <= p <= 16
-        assert (p == 1) == (width >= simd.LANES)
+        for n in (1, 2, 5, 9, 16, 17, 33, 64, 100):
+            p = V.side_by_side(width, n)
+            assert p * (width + 1) - 1 >= L and 1 <= p <= 16
+            assert (p == 1) == (width >= L)
+            if width >= L:
+                continue
+            vectors = {q: -(-n // q) * -(-(q * (width + 1) - 1) // L)
+                       for q in range(1, 17) if q * (width + 1) - 1 >= L}
+            assert vectors[p] == min(vectors.values())
+            assert p == min(q for q, v in vectors.items() if v == vectors[p])
+            assert V.most_side_by_side(width, n) >= p
 
 
 narrow_or_wide = st.tuples(
-    st.integers(1, 11),  # N: a last group of fewer samples side by side
+    st.integers(1, 17),  # N: a last group of fewer samples side by side, 16 of 8 columns
     st.integers(1, 5),  # the channels the kernel reads
     st.integers(2, 5),  # OH: a pair of rows, several, an odd last one
     st.integers(1, 36),  # OW: side by side below a vector's width, alone above
@@ -237,7 +248,7 @@ def test_conv3_input_lanes_matches_the_transposed_conv_inside_the_border(shape, 
     dout = rng.standard_normal((N, O, OH, S)).astype(np.float32)
     dout[..., OW:] = np.nan  # junk columns of the output gradient: never read
     dx = np.full((N, C, H, S), np.nan, np.float32)
-    scratch = np.full(V.input_scratch_floats(C, O, OH, OW), np.nan, np.float32)
+    scratch = np.full(V.input_scratch_floats(C, O, OH, OW, N), np.nan, np.float32)
     _input_lanes(w, dout.reshape(N, O, OH * S), dx, W, scratch)
     inside = transposed_conv(w, dout[..., :OW])[:, :, 1:-1, 1:-1]
     assert np.abs(dx[:, :, 1:-1, 1:W - 1] - inside).max() <= 1e-5 * max(1.0, np.abs(inside).max())
@@ -261,7 +272,7 @@ def test_conv3_same_forward_lanes_matches_scipy(shape, O):
     w = rng.standard_normal((O, C, 3, 3)).astype(np.float32)
     b = rng.standard_normal(O).astype(np.float32)
     out = np.full((N, O, OH * S), np.nan, np.float32)
-    scratch = np.full(V.same_forward_scratch_floats(C, O, OH, OW), np.nan, np.float32)
+    scratch = np.full(V.same_forward_scratch_floats(C, O, OH, OW, N), np.nan, np.float32)
     _same_forward_lanes(x, w, b, out, W, scratch)
     got = out.reshape(N, O, OH, S)
     padded = np.where(np.isnan(x), 0, x)[..., :W].astype(np.float64)

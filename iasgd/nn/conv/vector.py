@@ -266,9 +266,12 @@ def _conv3_forward_lanes(x, w, b, out, width, scratch):
 # zeros around its map, so its map can be copied anywhere with zeros put
 # around it: P samples' rows side by side, one zero column between each two
 # (it is the right border of one and the left of the next), make one wide
-# map whose valid conv holds every sample's output. On vgg-bn's 8 x 8 maps
-# nine samples make rows of 80 outputs (72 of them the samples' pixels) for
-# five vectors of 16 lanes. With a wide map P is 1 and the copy only pads.
+# map whose valid conv holds every sample's output. How many go side by side
+# depends on the slice too: on vgg-bn's 8 x 8 maps sixteen samples make rows
+# of 143 outputs (128 of them pixels) in nine vectors of 16 lanes, so a
+# batch of 16 or 64 takes 9 or 36 vectors a row; nine samples would fill
+# their five vectors a little better (72 of 80) but leave a short last group
+# (10 and 40 vectors). With a wide map P is 1 and the copy only pads.
 #
 # The input gradient of a "same" 3x3 conv is a "same" 3x3 conv itself: of the
 # output gradient, with the weights flipped in both directions and their two
@@ -279,27 +282,35 @@ def _conv3_forward_lanes(x, w, b, out, width, scratch):
 
 
 @jit_inline
-def side_by_side(width):
+def side_by_side(width, n):
     """How many samples of `width` output columns conv3_same_simd puts side
-    by side: 1 from a vector's width on; else the count of at most 16 whose
-    rows waste the fewest lanes, with at least a vector's width of outputs."""
+    by side in a slice of n: 1 from a vector's width on; else the count P
+    of at most 16 whose groups (ceil(n / P) of them, a last one short) take
+    the fewest vectors of outputs a row, each group's row at least a
+    vector wide; the smaller on ties."""
     L = simd.LANES
     if width >= L:
         return 1
-    best, kept = 0, 0.0
+    best, fewest = 0, 0
     for p in range(1, 17):
         outputs = p * (width + 1) - 1
         if outputs >= L:
-            used = p * width / (L * ((outputs + L - 1) // L))
-            if used >= kept:
-                best, kept = p, used
+            vectors = (n + p - 1) // p * ((outputs + L - 1) // L)
+            if best == 0 or vectors < fewest:
+                best, fewest = p, vectors
     return best
+
+
+def most_side_by_side(width: int, n: int) -> int:
+    """The most samples side_by_side puts side by side in any slice of at
+    most n (what conv3_same_simd's scratch is sized for)."""
+    return max(side_by_side.py_func(width, m) for m in range(1, max(n, 1) + 1))
 
 
 @jit_inline
 def conv3_same_simd(src, src_at, src_stride, wt, b, dst, dst_at, dst_stride, OH, OW, packed,
                     sums):
-    """A "same" 3x3 conv of float32 maps by conv3_lanes, side_by_side(OW)
+    """A "same" 3x3 conv of float32 maps by conv3_lanes, side_by_side(OW, N)
     samples at a time.
 
     src: (N, C, plane) the input maps, sample n's channel c pixel (i, j) at
@@ -307,12 +318,12 @@ def conv3_same_simd(src, src_at, src_stride, wt, b, dst, dst_at, dst_stride, OH,
     conv3_lanes's for O = b.size output channels (C*9*O,); dst: (N, O,
     plane), output pixel (i, j) written to dst[n, o, dst_at + i*dst_stride +
     j], nothing else written; packed: (C * (OH+2) * T,) scratch, T = P*(OW+1)
-    + 1 with P = side_by_side(OW); sums: (O * OH * T,) scratch where P > 1.
+    + 1 with P = side_by_side(OW, N); sums: (O * OH * T,) scratch where P > 1.
     Needs OH >= 2.
     """
     N, C = src.shape[0], src.shape[1]
     O = b.size
-    P = side_by_side(OW)
+    P = side_by_side(OW, N)
     T = P * (OW + 1) + 1
     planes = packed[:C * (OH + 2) * T].reshape((C, OH + 2, T))
     planes[:] = 0  # the zero border and columns between samples stay zero
@@ -339,10 +350,11 @@ def conv3_same_simd(src, src_at, src_stride, wt, b, dst, dst_at, dst_stride, OH,
                     copy_values(outputs[o, a:a + OW], dst[n0 + s, o, d:d + OW])
 
 
-def same_scratch_floats(c: int, out: int, out_height: int, out_width: int) -> int:
+def same_scratch_floats(c: int, out: int, out_height: int, out_width: int, n: int) -> int:
     """Floats of scratch conv3_same_simd takes for a conv from c to `out`
-    channels with out_height x out_width outputs (packed and sums)."""
-    P = side_by_side.py_func(out_width)
+    channels with out_height x out_width outputs (packed and sums), on
+    slices of at most n samples."""
+    P = most_side_by_side(out_width, n)
     T = P * (out_width + 1) + 1
     return c * (out_height + 2) * T + (out * out_height * T if P > 1 else 0)
 
@@ -364,16 +376,17 @@ def _conv3_same_forward_lanes(x, w, b, out, width, scratch):
         N, C, H, S = x.shape
         wt = _grouped_taps(w, SIMD3_CHANNELS, scratch)
         rest = scratch[wt.size:]
-        packed, sums = _packing(rest, C, b.size, H - 2, width - 2)
+        packed, sums = _packing(rest, N, C, b.size, H - 2, width - 2)
         conv3_same_simd(x.reshape((N, C, H * S)), S + 1, S, wt, b, out, 0, S, H - 2,
                         width - 2, packed, sums)
     return lanes
 
 
 @jit_inline
-def _packing(scratch, C, O, OH, OW):
-    """conv3_same_simd's packed and sums scratch, from the start of scratch."""
-    T = side_by_side(OW) * (OW + 1) + 1
+def _packing(scratch, N, C, O, OH, OW):
+    """conv3_same_simd's packed and sums scratch for N samples, from the
+    start of scratch."""
+    T = side_by_side(OW, N) * (OW + 1) + 1
     size = C * (OH + 2) * T
     return scratch[:size], scratch[size:size + O * OH * T]
 
@@ -399,18 +412,19 @@ def _conv3_input_lanes(w, dout, dx, width, scratch):
         wt = _reordered_taps(w, SIMD3_CHANNELS, scratch, True)
         zeros = scratch[wt.size:wt.size + C]
         zeros[:] = 0
-        packed, sums = _packing(scratch[wt.size + C:], O, C, H - 2, width - 2)
+        packed, sums = _packing(scratch[wt.size + C:], N, O, C, H - 2, width - 2)
         conv3_same_simd(dout, 0, S, wt, zeros, dx.reshape((N, C, H * S)), S + 1, S, H - 2,
                         width - 2, packed, sums)
     return lanes
 
 
-def same_forward_scratch_floats(c: int, out: int, out_height: int, out_width: int) -> int:
-    """Floats of scratch conv3_same_forward_lanes takes."""
-    return c * 9 * out + same_scratch_floats(c, out, out_height, out_width)
+def same_forward_scratch_floats(c: int, out: int, out_height: int, out_width: int,
+                                n: int) -> int:
+    """Floats of scratch conv3_same_forward_lanes takes on slices of at most n."""
+    return c * 9 * out + same_scratch_floats(c, out, out_height, out_width, n)
 
 
-def input_scratch_floats(c: int, out: int, out_height: int, out_width: int) -> int:
+def input_scratch_floats(c: int, out: int, out_height: int, out_width: int, n: int) -> int:
     """Floats of scratch conv3_input_lanes takes for a conv from c to `out`
-    channels with out_height x out_width outputs."""
-    return c * 9 * out + c + same_scratch_floats(out, c, out_height, out_width)
+    channels with out_height x out_width outputs, on slices of at most n."""
+    return c * 9 * out + c + same_scratch_floats(out, c, out_height, out_width, n)

@@ -162,7 +162,7 @@ def conv_paths(k: int, out: int, needs_input_grad: bool, out_width: int = 0,
 
 
 def scratch_floats(c: int, k: int, out: int, out_height: int, out_width: int, stride: int,
-                   bits: int) -> int:
+                   bits: int, n: int) -> int:
     """Floats of scratch the GEMM and explicit-vector passes of a conv need
     (`bits`: its PATH bits), in acts and in dacts alike: the GEMMs a block of
     samples' column matrices and products (iasgd.nn.conv.gemm.scratch_sizes);
@@ -171,19 +171,20 @@ def scratch_floats(c: int, k: int, out: int, out_height: int, out_width: int, st
     output gradient of 16 channels and their weight gradient; on narrow rows
     conv3_same_forward_lanes the reordered weights and the maps side by side,
     conv3_input_lanes the flipped weights, zeros and the maps side by side,
-    conv3_weights_lanes a sample's output gradient and the weight gradient."""
+    conv3_weights_lanes a sample's output gradient and the weight gradient;
+    n: the most samples a pass runs on (how many go side by side)."""
     ckk = c * k * k
     gemms = (max(gemm.scratch_sizes(ckk, out, out_height, out_width, stride))
              if bits & GEMM_ALL else 0)
     block = SIMD_BLOCK * simd.LANES if k == 5 else 0
     if k == 3 and out_width < simd.LANES:  # side by side (vector.conv3_same_simd)
-        block = vector.same_scratch_floats(c, out, out_height, out_width)
+        block = vector.same_scratch_floats(c, out, out_height, out_width, n)
     forward = ckk * out + block if bits & SIMD_FORWARD else 0
     weights = 0
     if bits & SIMD_WEIGHTS:
         weights = ((out_height * out_width + ckk) * simd.LANES if k == 5
                    else vector_weights.weights3_scratch_floats(c, out, out_height, out_width))
-    inputs = (vector.input_scratch_floats(c, out, out_height, out_width)
+    inputs = (vector.input_scratch_floats(c, out, out_height, out_width, n)
               if bits & SIMD_INPUT else 0)
     return max(gemms, forward, weights, inputs)
 
@@ -458,7 +459,8 @@ def _lower(lo: Lowering, ls: LayerShape, nxt: LayerShape | None) -> None:
                   woff=lo.offset(f"{ls.name}.weight"), boff=lo.offset(f"{ls.name}.bias"),
                   path=path)
     if path:
-        lo.needs_scratch(row, scratch_floats(c, layer.k, layer.out, oh, ow, s, path))
+        lo.needs_scratch(row, scratch_floats(c, layer.k, layer.out, oh, ow, s, path,
+                                             lo.capacity))
     lo.has_params = True
     lo.move(z, layer.out, oh, ow, s)
 
