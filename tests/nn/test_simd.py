@@ -233,13 +233,14 @@ def transposed_conv(w, dout):
 
 
 @settings(max_examples=25, deadline=None)
-@given(narrow_or_wide, st.sampled_from([8, 16]))
-def test_conv3_input_lanes_matches_the_transposed_conv_inside_the_border(shape, C):
+@given(narrow_or_wide, st.sampled_from([8, 16]), st.integers(0, 8))
+def test_conv3_input_lanes_matches_the_transposed_conv_inside_the_border(shape, C, slack):
     """The input gradient of a "same" 3x3 conv through conv3_input_lanes:
     the weights flipped and reordered, the output gradient padded (side by
     side where narrow), in scratch that starts as NaN (all it reads it
-    wrote), against numpy in float64. Only dx's interior is written: a same
-    conv's input border is padding, and junk columns are junk."""
+    wrote; sized for a workspace of up to N + `slack` samples, whose P may
+    be smaller than N's), against numpy in float64. Only dx's interior is
+    written: a same conv's input border is padding, and junk columns are junk."""
     N, O, OH, OW, junk, seed = shape
     H, W = OH + 2, OW + 2
     S = W + junk
@@ -248,7 +249,7 @@ def test_conv3_input_lanes_matches_the_transposed_conv_inside_the_border(shape, 
     dout = rng.standard_normal((N, O, OH, S)).astype(np.float32)
     dout[..., OW:] = np.nan  # junk columns of the output gradient: never read
     dx = np.full((N, C, H, S), np.nan, np.float32)
-    scratch = np.full(V.input_scratch_floats(C, O, OH, OW, N), np.nan, np.float32)
+    scratch = np.full(V.input_scratch_floats(C, O, OH, OW, N + slack), np.nan, np.float32)
     _input_lanes(w, dout.reshape(N, O, OH * S), dx, W, scratch)
     inside = transposed_conv(w, dout[..., :OW])[:, :, 1:-1, 1:-1]
     assert np.abs(dx[:, :, 1:-1, 1:W - 1] - inside).max() <= 1e-5 * max(1.0, np.abs(inside).max())
@@ -258,11 +259,12 @@ def test_conv3_input_lanes_matches_the_transposed_conv_inside_the_border(shape, 
 
 
 @settings(max_examples=25, deadline=None)
-@given(narrow_or_wide, st.sampled_from([8, 16]))
-def test_conv3_same_forward_lanes_matches_scipy(shape, O):
+@given(narrow_or_wide, st.sampled_from([8, 16]), st.integers(0, 8))
+def test_conv3_same_forward_lanes_matches_scipy(shape, O, slack):
     """A "same" 3x3 conv's forward side by side: its padded input's border
     is NaN (the kernel pads its copies itself, so it never reads it), the
-    output's junk columns are not written."""
+    output's junk columns are not written; scratch as the input gradient's
+    test sizes it."""
     N, C, OH, OW, junk, seed = shape
     H, W = OH + 2, OW + 2
     S = W + junk
@@ -272,7 +274,7 @@ def test_conv3_same_forward_lanes_matches_scipy(shape, O):
     w = rng.standard_normal((O, C, 3, 3)).astype(np.float32)
     b = rng.standard_normal(O).astype(np.float32)
     out = np.full((N, O, OH * S), np.nan, np.float32)
-    scratch = np.full(V.same_forward_scratch_floats(C, O, OH, OW, N), np.nan, np.float32)
+    scratch = np.full(V.same_forward_scratch_floats(C, O, OH, OW, N + slack), np.nan, np.float32)
     _same_forward_lanes(x, w, b, out, W, scratch)
     got = out.reshape(N, O, OH, S)
     padded = np.where(np.isnan(x), 0, x)[..., :W].astype(np.float64)
