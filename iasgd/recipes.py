@@ -28,9 +28,9 @@ RECIPES: dict[str, Recipe] = {
     # measured in bench/results/recipe-cifar10.md
     "cifar10": Recipe(
         "CIFAR-10 to about 80 %: vgg-bn, random crops and flips, Nesterov SGD with weight "
-        "decay, a short warm-up and a cosine decay over 30 epochs of batches of 64",
+        "decay, a short warm-up and a cosine decay over 30 epochs of batches of 16",
         {"dataset": "cifar10", "model": "vgg-bn", "augment": "crop,flip", "crop_padding": 4,
-         "batch_size": 64, "lr": 0.05, "momentum": 0.9, "nesterov": True,
+         "batch_size": 16, "lr": 0.0125, "momentum": 0.9, "nesterov": True,
          "weight_decay": 5e-4, "lr_warmup": 0.02, "lr_decay": "cosine", "epochs": 30}),
 }
 

@@ -609,7 +609,7 @@ def test_a_recipe_sets_the_options_the_command_line_does_not():
     for name in ("batch_size", "momentum", "nesterov", "weight_decay", "lr_warmup", "lr_decay"):
         assert getattr(cfg, name) == settings[name], name
     plain, _, _ = run.command_line(["--epochs", "3"])
-    assert plain.batch_size != settings["batch_size"] and not plain.nesterov
+    assert plain.momentum != settings["momentum"] and not plain.nesterov
 
 
 def test_every_recipe_names_options_that_exist_and_no_algorithm():
