@@ -140,10 +140,13 @@ def op_repeaters() -> tuple[Callable[..., None], Callable[..., None]]:
     from iasgd.nn.plan import P_DW, P_DX, P_FWD
 
     @numba.njit(nogil=True)
-    def forward(params, net, i, acts, argmax, n, reps):
+    def forward(params, grad, net, i, acts, argmax, n, reps):
+        # with the gradient buffer, as a training step: a batch norm's
+        # forward then computes the batch's statistics (without, it would
+        # predict by the running ones)
         plan = net.plan
         for _ in range(reps):
-            net.ops[plan[i, P_FWD]](params, acts, plan, i, acts, acts, argmax, n)
+            net.ops[plan[i, P_FWD]](params, grad, plan, i, acts, acts, argmax, n)
 
     @numba.njit(nogil=True)
     def backward(params, grad, net, i, acts, dacts, argmax, n, reps):
@@ -193,8 +196,8 @@ def op_breakdown(model: models.Model, batch: int, seconds: float = 0.05) -> list
     total = [0.0, 0.0]
     _repeat_forward_op, _repeat_backward_op = op_repeaters()
     for i, row in enumerate(ws.plan):
-        fwd = timed(lambda r, i=i: _repeat_forward_op(params, ws.net, i, ws.acts, ws.argmax,
-                                                      n, r))
+        fwd = timed(lambda r, i=i: _repeat_forward_op(params, ws.grad, ws.net, i, ws.acts,
+                                                      ws.argmax, n, r))
         bwd = timed(lambda r, i=i: _repeat_backward_op(params, ws.grad, ws.net, i, ws.acts,
                                                        ws.dacts, ws.argmax, n, r))
         f_fl, b_fl = op_flops(row, batch)

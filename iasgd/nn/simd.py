@@ -27,6 +27,8 @@ from numba.extending import intrinsic, models, register_model
 
 LANES = 16
 _VECTOR = ir.VectorType(ir.FloatType(), LANES)
+# how an intrinsic's name spells a pointer to it: typed or opaque pointers
+_POINTER_SUFFIX = "p0" if str(ir.PointerType(_VECTOR)) == "ptr" else "p0v16f32"
 
 
 def available() -> bool:
@@ -127,6 +129,66 @@ def add(typingctx: Any, a: Any, b: Any) -> Any:
     def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
         return builder.fadd(*args)
     return f32x16(a, b), codegen
+
+
+@intrinsic
+def sub(typingctx: Any, a: Any, b: Any) -> Any:
+    """a - b, lane by lane."""
+    if not a == b == f32x16:
+        return None
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        return builder.fsub(*args)
+    return f32x16(a, b), codegen
+
+
+@intrinsic
+def load_first(typingctx: Any, arr: Any, index: Any, count: Any, fill: Any) -> Any:
+    """arr[index : index + count] in the first `count` lanes (all 16 from 16
+    on) and `fill` in the others, which are not read (one masked load: the
+    lanes past `count` may lie past the array, or hold NaN)."""
+    if not (_float32_vector(arr) and isinstance(index, types.Integer)
+            and isinstance(count, types.Integer) and fill == types.float32):
+        return None
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        arr, index, count, fill = args
+        lanes = ir.Constant(ir.VectorType(ir.IntType(64), LANES), list(range(LANES)))
+        wide = context.cast(builder, count, sig.args[2], types.int64)
+        limit = builder.shuffle_vector(
+            builder.insert_element(ir.Constant(lanes.type, ir.Undefined), wide,
+                                   ir.Constant(ir.IntType(32), 0)),
+            ir.Constant(lanes.type, ir.Undefined),
+            ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES))
+        mask = builder.icmp_signed("<", lanes, limit)
+        masked = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(_VECTOR, [ir.PointerType(_VECTOR), ir.IntType(32),
+                                                      mask.type, _VECTOR]),
+            "llvm.masked.load.v16f32." + _POINTER_SUFFIX)
+        at = _lanes_at(context, builder, sig.args[0], arr, index)
+        return builder.call(masked, [at, ir.Constant(ir.IntType(32), 4), mask,
+                                     _broadcast(builder, fill)])
+    return f32x16(arr, index, count, fill), codegen
+
+
+@intrinsic
+def total(typingctx: Any, a: Any) -> Any:
+    """The sum of a's 16 lanes, as a float32 (in a tree of adds)."""
+    if a != f32x16:
+        return None
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        v, width = args[0], LANES
+        while width > 1:  # fold the upper half onto the lower
+            width //= 2
+            half = ir.VectorType(ir.FloatType(), width)
+            mask = ir.VectorType(ir.IntType(32), width)
+            low = builder.shuffle_vector(v, v, ir.Constant(mask, list(range(width))))
+            high = builder.shuffle_vector(v, v, ir.Constant(mask, list(range(width, 2 * width))))
+            v = builder.fadd(low, high)
+            assert v.type == half
+        return builder.extract_element(v, ir.Constant(ir.IntType(32), 0))
+    return types.float32(a), codegen
 
 
 @intrinsic

@@ -33,6 +33,31 @@ def test_load_splat_fma_store_match_numpy():
     assert np.isnan(out[16:]).all()  # 16 lanes, no more
 
 
+@jit
+def _first_minus_fill_and_total(a, at, count, fill, out):
+    """out[:16] = load_first(a, at, count, fill) - fill; out[16] = their total."""
+    v = simd.sub(simd.load_first(a, at, count, fill), simd.splat(fill))
+    simd.store(out, 0, v)
+    out[16] = simd.total(v)
+
+
+def test_load_first_reads_count_lanes_fills_the_rest_and_total_adds_them():
+    """The lanes past `count` hold the fill and are never read (NaN there
+    would show)."""
+    rng = np.random.default_rng(1)
+    for count in (0, 1, 7, 15, 16, 30):
+        size = min(count, 16)
+        a = np.full(size + 16, np.nan, np.float32)
+        a[:size] = rng.standard_normal(size)
+        out = np.full(18, np.nan, np.float32)
+        _first_minus_fill_and_total(a, 0, count, np.float32(0.25), out)
+        want = np.zeros(16, np.float32)
+        want[:size] = a[:size] - np.float32(0.25)
+        np.testing.assert_array_equal(out[:16], want)
+        assert out[16] == pytest.approx(float(want.sum()), rel=1e-6, abs=1e-6)
+        assert np.isnan(out[17])
+
+
 def test_the_vectors_take_float32_arrays_only():
     with pytest.raises(numba.core.errors.TypingError):
         numba.njit(lambda a: simd.load(a, 0))(np.zeros(16))

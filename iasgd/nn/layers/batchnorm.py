@@ -26,8 +26,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from numba import types
+from numba.extending import overload
 
 from iasgd.compiled import jit_inline
+from iasgd.nn import simd
 from iasgd.nn.kinds import Kind, LayerShape, Lowering, Params, RowOp, Shape, Sizing
 from iasgd.nn.layers.relu import relu_backward_inplace
 from iasgd.nn.plan import (
@@ -84,6 +87,49 @@ def batch_statistics(x, width, mean, var):
                 q += t
         mean[c] = mu
         var[c] = q / max(m - 1, 1)
+
+
+def statistics(x, width, mean, var):
+    """batch_statistics of float32 maps by statistics_lanes; batch_statistics
+    itself on other dtypes (the tests' float64)."""
+
+
+@overload(statistics, jit_options={"fastmath": True})
+def _statistics(x, width, mean, var):
+    if x.dtype != types.float32 or not simd.available():
+        return lambda x, width, mean, var: batch_statistics(x, width, mean, var)
+    return lambda x, width, mean, var: statistics_lanes(x, width, mean, var)
+
+
+@jit_inline
+def statistics_lanes(x, width, mean, var):
+    """batch_statistics of float32 maps in one pass, by vectors of 16 lanes:
+    the sums of d = x - K and of d * d, K the channel's first value (so that
+    the variance, (sum d^2 - (sum d)^2 / m) / (m - 1), does not lose the
+    digits a large mean would cancel); a row's lanes past `width` are not
+    read (masked loads), a plane's sums are added up in float64."""
+    N, C, H, S = x.shape
+    L = simd.LANES
+    m = N * H * width
+    xf = x.reshape((N, C * H * S))
+    for c in range(C):
+        shift = x[0, c, 0, 0]
+        k = simd.splat(shift)
+        s = 0.0
+        q = 0.0
+        for n in range(N):
+            xs = xf[n]
+            ds = dq = simd.splat(np.float32(0))
+            for i in range(H):
+                r = (c * H + i) * S
+                for j in range(0, width, L):
+                    d = simd.sub(simd.load_first(xs, r + j, width - j, shift), k)
+                    ds = simd.add(ds, d)
+                    dq = simd.fma(d, d, dq)
+            s += simd.total(ds)
+            q += simd.total(dq)
+        mean[c] = shift + s / m
+        var[c] = max(q - s * s / m, 0.0) / max(m - 1, 1)
 
 
 @jit_inline
@@ -180,7 +226,7 @@ def batchnorm_forward_op(params, grad, plan, i, acts, dacts, argmax, n):
     x, y, C, gamma = input4(acts, row, n), output4(acts, row, n), row[P_C], row[P_WOFF]
     beta, mean, var = row[P_BOFF], row[P_SOFF], row[P_SOFF] + row[P_C]
     if grad.size == params.size:  # training: the batch's statistics, kept for the update
-        batch_statistics(x, row[P_W], grad[mean:mean + C], grad[var:var + C])
+        statistics(x, row[P_W], grad[mean:mean + C], grad[var:var + C])
         normalise(x, row[P_W], params[gamma:gamma + C], params[beta:beta + C],
                   grad[mean:mean + C], grad[var:var + C], True, row[P_RELU] != 0, y)
     else:  # prediction: the running statistics

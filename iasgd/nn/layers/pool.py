@@ -316,7 +316,7 @@ def bn_pool_forward_op(params, grad, plan, i, acts, dacts, argmax, n):
     gamma, beta = channels(params, row, row[P_WOFF]), channels(params, row, row[P_BOFF])
     out, border, am, relu = pool_map(acts, row, n), row[P_K], _argmax4(argmax, row, n), row[P_RELU]
     if grad.size == params.size:  # training: the batch's statistics, kept for the update
-        batchnorm.batch_statistics(x, row[P_W], grad[mean:mean + C], grad[var:var + C])
+        batchnorm.statistics(x, row[P_W], grad[mean:mean + C], grad[var:var + C])
         bn_maxpool2_forward(x, row[P_W], gamma, beta, grad[mean:mean + C], grad[var:var + C],
                             True, out, border, am, relu != 0)
     else:  # prediction: the running statistics

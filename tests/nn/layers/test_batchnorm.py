@@ -17,6 +17,7 @@ from reference import (
     torch_reference,
 )
 
+from iasgd.compiled import jit
 from iasgd.export import load_weights, read_weights, save_weights, torch_module
 from iasgd.nn import layers, models
 from iasgd.nn import plan as P
@@ -27,6 +28,8 @@ from iasgd.nn.layers.batchnorm import (
     batchnorm_input_grad,
     batchnorm_weight_grad,
     normalise,
+    statistics,
+    statistics_lanes,
 )
 
 SHAPES = settings(max_examples=15, deadline=None)
@@ -103,6 +106,38 @@ def test_batchnorm_kernels(N, C, H, W, junk, relu, seed):
         b = beta.copy()
         want = loss_with(gamma=gamma, c=c, x=valid, beta=b, R=R, relu=relu, of="beta")
         assert abs(want - dbeta[c]) < 1e-5 * max(1, abs(want))
+
+
+@jit
+def _statistics_lanes(x, width, mean, var):
+    statistics_lanes(x, width, mean, var)
+
+
+@jit
+def _statistics(x, width, mean, var):
+    statistics(x, width, mean, var)
+
+
+@SHAPES
+@given(st.integers(1, 4), st.integers(1, 3), st.integers(1, 4), st.integers(1, 40),
+       st.integers(0, 3), st.sampled_from([0.0, 1.0, 300.0]), st.integers(0, 2**31 - 1))
+def test_statistics_in_vectors_match_numpy(N, C, H, W, junk, offset, seed):
+    """The one-pass statistics in vectors (float32, rows of 1-40 values:
+    part of a vector, one, several) against numpy in float64: junk columns
+    are NaN, never read; a mean 300 standard deviations from 0 keeps the
+    variance's digits (the sums are of x - x[0, c, 0, 0]). The dispatcher
+    runs them on float32 where the vectors are available."""
+    if N * H * W < 2:
+        return
+    rng = np.random.default_rng(seed)
+    x = np.full((N, C, H, W + junk), np.nan, np.float32)
+    x[..., :W] = rng.standard_normal((N, C, H, W)) + offset
+    valid = x[..., :W].astype(np.float64)
+    for kernel in (_statistics_lanes, _statistics):
+        mean, var = np.full(C, np.nan, np.float32), np.full(C, np.nan, np.float32)
+        kernel(x, W, mean, var)
+        np.testing.assert_allclose(mean, valid.mean(axis=(0, 2, 3)), rtol=1e-6, atol=1e-5)
+        np.testing.assert_allclose(var, valid.var(axis=(0, 2, 3), ddof=1), rtol=1e-4, atol=1e-6)
 
 
 def loss_with(*, gamma, beta, c, x, R, relu, of="gamma") -> float:
