@@ -304,7 +304,12 @@ def side_by_side(width, n):
 def most_side_by_side(width: int, n: int) -> int:
     """The most samples side_by_side puts side by side in any slice of at
     most n (what conv3_same_simd's scratch is sized for)."""
-    return max(side_by_side.py_func(width, m) for m in range(1, max(n, 1) + 1))
+    most = 1
+    for m in range(1, n + 1 if width < simd.LANES else 1):
+        most = max(most, side_by_side.py_func(width, m))
+        if most == 16:  # none puts more
+            break
+    return most
 
 
 @jit_inline
