@@ -172,6 +172,30 @@ def load_first(typingctx: Any, arr: Any, index: Any, count: Any, fill: Any) -> A
 
 
 @intrinsic
+def load_masked(typingctx: Any, arr: Any, index: Any, bits: Any) -> Any:
+    """arr[index + l] in lane l where bit l of the integer `bits` is set, 0
+    in the others, which are not read (one masked load, no arithmetic: the
+    lanes left out may lie past the array, or hold NaN)."""
+    if not (_float32_vector(arr) and isinstance(index, types.Integer)
+            and isinstance(bits, types.Integer)):
+        return None
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        arr, index, bits = args
+        lanes = builder.trunc(bits, ir.IntType(LANES)) if bits.type.width > LANES else (
+            builder.zext(bits, ir.IntType(LANES)) if bits.type.width < LANES else bits)
+        mask = builder.bitcast(lanes, ir.VectorType(ir.IntType(1), LANES))
+        masked = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(_VECTOR, [ir.PointerType(_VECTOR), ir.IntType(32),
+                                                      mask.type, _VECTOR]),
+            "llvm.masked.load.v16f32." + _POINTER_SUFFIX)
+        at = _lanes_at(context, builder, sig.args[0], arr, index)
+        return builder.call(masked, [at, ir.Constant(ir.IntType(32), 4), mask,
+                                     ir.Constant(_VECTOR, [0.0] * LANES)])
+    return f32x16(arr, index, bits), codegen
+
+
+@intrinsic
 def total(typingctx: Any, a: Any) -> Any:
     """The sum of a's 16 lanes, as a float32 (in a tree of adds)."""
     if a != f32x16:

@@ -58,6 +58,26 @@ def test_load_first_reads_count_lanes_fills_the_rest_and_total_adds_them():
         assert np.isnan(out[17])
 
 
+@jit
+def _masked(a, at, bits, out):
+    simd.store(out, 0, simd.load_masked(a, at, bits))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**16 - 1), st.integers(0, 8))
+def test_load_masked_reads_the_lanes_of_set_bits_and_zeros_the_rest(bits, at):
+    """Lane l holds a[at + l] where bit l is set, 0 elsewhere; NaN in the
+    lanes left out never shows (they are not read)."""
+    rng = np.random.default_rng(bits)
+    a = rng.standard_normal(at + 16).astype(np.float32)
+    lanes = np.array([bits >> lane & 1 for lane in range(16)], bool)
+    a[at:][~lanes] = np.nan
+    out = np.full(17, np.nan, np.float32)
+    _masked(a, at, bits, out)
+    np.testing.assert_array_equal(out[:16], np.where(lanes, a[at:at + 16], 0))
+    assert np.isnan(out[16])
+
+
 def test_the_vectors_take_float32_arrays_only():
     with pytest.raises(numba.core.errors.TypingError):
         numba.njit(lambda a: simd.load(a, 0))(np.zeros(16))
@@ -214,22 +234,24 @@ def _same_forward_lanes(x, w, b, out, width, scratch):
 
 
 def test_side_by_side_takes_the_fewest_vectors_for_the_slice():
-    """Narrow maps go side by side, each with a zero column after it, to at
-    least a vector of outputs, as many as make the slice's groups take the
-    fewest vectors (the smaller count on ties): vgg-bn's 8 x 8 maps sixteen
-    at a time in slices of 16 or 64 (9 vectors a group), eight in a slice
-    of 8; a vector's width and more alone."""
-    assert [V.side_by_side(8, n) for n in (16, 64, 8, 1)] == [16, 16, 8, 2]
+    """Narrow maps go side by side to at least a vector of outputs, as many
+    as make the slice's groups take the fewest vectors (the smaller count
+    on ties): vgg-bn's 8 x 8 maps two at a time (a vector exactly); maps
+    of 5 columns four at a time in a slice of 3 (two vectors), all nine of
+    a slice of 9 (three), all five of a slice of 5 (two, where groups of
+    four take four); a vector's width and more alone."""
+    assert [V.side_by_side(8, n) for n in (16, 64, 8, 1)] == [2, 2, 2, 2]
+    assert [V.side_by_side(5, n) for n in (3, 9, 5, 1)] == [4, 9, 5, 4]
     L = simd.LANES
     for width in range(1, 40):
         for n in (1, 2, 5, 9, 16, 17, 33, 64, 100):
             p = V.side_by_side(width, n)
-            assert p * (width + 1) - 1 >= L and 1 <= p <= 16
+            assert 1 <= p <= 16 and (p * width >= L or width >= L)
             assert (p == 1) == (width >= L)
             if width >= L:
                 continue
-            vectors = {q: -(-n // q) * -(-(q * (width + 1) - 1) // L)
-                       for q in range(1, 17) if q * (width + 1) - 1 >= L}
+            vectors = {q: -(-n // q) * -(-(q * width) // L)
+                       for q in range(1, 17) if q * width >= L}
             assert vectors[p] == min(vectors.values())
             assert p == min(q for q, v in vectors.items() if v == vectors[p])
             assert V.most_side_by_side(width, n) >= p

@@ -175,16 +175,19 @@ def conv3_forward_simd(x, wt, b, out, width):
     N, C, H, S = x.shape
     xf = x.reshape((N, C * H * S))
     for n in range(N):
-        conv3_lanes(xf[n], C, H, S, wt, b, out[n], 0, S, H - 2, width - 2)
+        conv3_lanes(xf[n], C, H, S, wt, b, out[n], 0, S, H - 2, width - 2, 0)
 
 
 @jit_inline
-def conv3_lanes(xs, C, H, S, wt, b, on, start, T, OH, OW):
+def conv3_lanes(xs, C, H, S, wt, b, on, start, T, OH, OW, seg):
     """One sample's 3x3 conv by conv3_forward_simd's scheme: the input xs
     (C*H*S,) flat, C planes of H rows of stride S; wt as conv3_forward_simd's
     for O = b.size output channels; output pixel (i, j), i < OH, j < OW, of
     channel o written to on[o, start + i*T + j] (on: (O, >= start + OH*T)).
-    Needs OW >= 16 and OH >= 2."""
+    Where seg > 0 the rows hold maps of seg columns side by side: an output
+    in a map's first column does not read the column before it, one in its
+    last not the column after it (those lanes' loads are masked off), as if
+    each map had a zero border of its own. Needs OW >= 16 and OH >= 2."""
     O = b.size
     L = simd.LANES
     G = SIMD3_CHANNELS
@@ -196,6 +199,7 @@ def conv3_lanes(xs, C, H, S, wt, b, on, start, T, OH, OW):
             i = min(i0, OH - 2)
             for j0 in range(0, OW, L):
                 j = min(j0, OW - L)
+                left, right = map_edges(j, seg)
                 p0 = q0 = simd.splat_at(b, ob)
                 p1 = q1 = simd.splat_at(b, ob + 1)
                 p2 = q2 = simd.splat_at(b, ob + 2)
@@ -206,18 +210,20 @@ def conv3_lanes(xs, C, H, S, wt, b, on, start, T, OH, OW):
                 p7 = q7 = simd.splat_at(b, ob + 7)
                 for row in range(C * 3):  # (channel, kernel row)
                     r = (row // 3 * H + i + row % 3) * S + j
-                    for kw in range(3):
-                        top = simd.load(xs, r + kw)  # input row i + kh
-                        bot = simd.load(xs, r + S + kw)  # and i + 1 + kh
-                        t = group + (row * 3 + kw) * G
-                        p0, q0 = _fma_rows(wt, t, top, bot, p0, q0)
-                        p1, q1 = _fma_rows(wt, t + 1, top, bot, p1, q1)
-                        p2, q2 = _fma_rows(wt, t + 2, top, bot, p2, q2)
-                        p3, q3 = _fma_rows(wt, t + 3, top, bot, p3, q3)
-                        p4, q4 = _fma_rows(wt, t + 4, top, bot, p4, q4)
-                        p5, q5 = _fma_rows(wt, t + 5, top, bot, p5, q5)
-                        p6, q6 = _fma_rows(wt, t + 6, top, bot, p6, q6)
-                        p7, q7 = _fma_rows(wt, t + 7, top, bot, p7, q7)
+                    t = group + row * 3 * G
+                    for kw in range(3):  # LLVM unrolls it: each tap's mask is known
+                        bits = left if kw == 0 else (right if kw == 2 else ALL_LANES)
+                        top = simd.load_masked(xs, r + kw, bits)  # input row i + kh
+                        bot = simd.load_masked(xs, r + S + kw, bits)  # and i + 1 + kh
+                        u = t + kw * G
+                        p0, q0 = _fma_rows(wt, u, top, bot, p0, q0)
+                        p1, q1 = _fma_rows(wt, u + 1, top, bot, p1, q1)
+                        p2, q2 = _fma_rows(wt, u + 2, top, bot, p2, q2)
+                        p3, q3 = _fma_rows(wt, u + 3, top, bot, p3, q3)
+                        p4, q4 = _fma_rows(wt, u + 4, top, bot, p4, q4)
+                        p5, q5 = _fma_rows(wt, u + 5, top, bot, p5, q5)
+                        p6, q6 = _fma_rows(wt, u + 6, top, bot, p6, q6)
+                        p7, q7 = _fma_rows(wt, u + 7, top, bot, p7, q7)
                 a = start + i * T + j
                 _store_rows(o0, a, T, p0, q0)
                 _store_rows(o1, a, T, p1, q1)
@@ -227,6 +233,26 @@ def conv3_lanes(xs, C, H, S, wt, b, on, start, T, OH, OW):
                 _store_rows(o5, a, T, p5, q5)
                 _store_rows(o6, a, T, p6, q6)
                 _store_rows(o7, a, T, p7, q7)
+
+
+ALL_LANES = (1 << simd.LANES) - 1
+
+
+@jit_inline
+def map_edges(j, seg):
+    """The lane masks (bit l for lane l) of the vector of outputs j..j+15
+    whose left and right neighbours lie in the same map of `seg` columns
+    (outputs j + l in map (j + l) // seg); all lanes where seg is 0."""
+    if seg == 0:
+        return ALL_LANES, ALL_LANES
+    left = right = 0
+    for lane in range(simd.LANES):
+        col = (j + lane) % seg
+        if col != 0:
+            left |= 1 << lane
+        if col != seg - 1:
+            right |= 1 << lane
+    return left, right
 
 
 @jit_inline
@@ -263,15 +289,18 @@ def _conv3_forward_lanes(x, w, b, out, width, scratch):
 # ------------------------------------------- "same" 3x3 convs side by side
 #
 # conv3_lanes needs rows of 16 output pixels or more. A "same" 3x3 conv reads
-# zeros around its map, so its map can be copied anywhere with zeros put
-# around it: P samples' rows side by side, one zero column between each two
-# (it is the right border of one and the left of the next), make one wide
-# map whose valid conv holds every sample's output. How many go side by side
-# depends on the slice too: on vgg-bn's 8 x 8 maps sixteen samples make rows
-# of 143 outputs (128 of them pixels) in nine vectors of 16 lanes, so a
-# batch of 16 or 64 takes 9 or 36 vectors a row; nine samples would fill
-# their five vectors a little better (72 of 80) but leave a short last group
-# (10 and 40 vectors). With a wide map P is 1 and the copy only pads.
+# zeros around its map, so P samples' rows can be copied side by side into
+# one wide map, with a zero column at each end and zero rows above and
+# below: its conv holds every sample's output, if an output in a map's first
+# column does not read the column before it (the last column of the map to
+# its left) nor one in its last column the column after it. conv3_lanes
+# masks those lanes' loads off (simd.load_masked: a load, no arithmetic),
+# so every lane computes a pixel: vgg-bn's 8 x 8 maps fill their vectors
+# two by two. (With a zero column between each two maps instead, sixteen
+# made rows of 143 outputs in nine vectors, one lane in nine wasted.) How
+# many go side by side depends on the slice too: P is the count whose
+# groups take the fewest vectors. With a wide map P is 1 and the copy only
+# pads.
 #
 # The input gradient of a "same" 3x3 conv is a "same" 3x3 conv itself: of the
 # output gradient, with the weights flipped in both directions and their two
@@ -293,7 +322,7 @@ def side_by_side(width, n):
         return 1
     best, fewest = 0, 0
     for p in range(1, 17):
-        outputs = p * (width + 1) - 1
+        outputs = p * width
         if outputs >= L:
             vectors = (n + p - 1) // p * ((outputs + L - 1) // L)
             if best == 0 or vectors < fewest:
@@ -313,6 +342,13 @@ def most_side_by_side(width: int, n: int) -> int:
 
 
 @jit_inline
+def packed_stride(P, OW):
+    """The row stride of conv3_same_simd's packed maps: P maps of OW
+    columns side by side between two zero columns."""
+    return P * OW + 2
+
+
+@jit_inline
 def conv3_same_simd(src, src_at, src_stride, wt, b, dst, dst_at, dst_stride, OH, OW, packed,
                     sums):
     """A "same" 3x3 conv of float32 maps by conv3_lanes, side_by_side(OW, N)
@@ -322,35 +358,35 @@ def conv3_same_simd(src, src_at, src_stride, wt, b, dst, dst_at, dst_stride, OH,
     src[n, c, src_at + i*src_stride + j] (i < OH, j < OW); wt: as
     conv3_lanes's for O = b.size output channels (C*9*O,); dst: (N, O,
     plane), output pixel (i, j) written to dst[n, o, dst_at + i*dst_stride +
-    j], nothing else written; packed: (C * (OH+2) * T,) scratch, T = P*(OW+1)
-    + 1 with P = side_by_side(OW, N); sums: (O * OH * T,) scratch where P > 1.
-    Needs OH >= 2.
+    j], nothing else written; packed: (C * (OH+2) * T,) scratch, T =
+    packed_stride(P, OW) with P = side_by_side(OW, N); sums: (O * OH * T,)
+    scratch where P > 1. Needs OH >= 2.
     """
     N, C = src.shape[0], src.shape[1]
     O = b.size
     P = side_by_side(OW, N)
-    T = P * (OW + 1) + 1
+    T = packed_stride(P, OW)
     planes = packed[:C * (OH + 2) * T].reshape((C, OH + 2, T))
-    planes[:] = 0  # the zero border and columns between samples stay zero
+    planes[:] = 0  # the zero rows and columns around the maps stay zero
     wide = OH * T if P > 1 else 0  # (no sums needed alone)
     outputs = sums[:O * wide].reshape((O, wide))
     for n0 in range(0, N, P):
         # (a last group of fewer samples leaves the others' maps in the rest:
-        # the zero columns between keep them out of its outputs)
+        # their outputs are computed and not copied)
         for s in range(min(P, N - n0)):
-            at = 1 + s * (OW + 1)
+            at = 1 + s * OW
             for c in range(C):
                 for i in range(OH):
                     a = src_at + i * src_stride
                     copy_values(src[n0 + s, c, a:a + OW], planes[c, i + 1, at:at + OW])
         if P == 1:
-            conv3_lanes(packed, C, OH + 2, T, wt, b, dst[n0], dst_at, dst_stride, OH, OW)
+            conv3_lanes(packed, C, OH + 2, T, wt, b, dst[n0], dst_at, dst_stride, OH, OW, 0)
             continue
-        conv3_lanes(packed, C, OH + 2, T, wt, b, outputs, 0, T, OH, P * (OW + 1) - 1)
+        conv3_lanes(packed, C, OH + 2, T, wt, b, outputs, 0, T, OH, P * OW, OW)
         for s in range(min(P, N - n0)):
             for o in range(O):
                 for i in range(OH):
-                    a = i * T + s * (OW + 1)
+                    a = i * T + s * OW
                     d = dst_at + i * dst_stride
                     copy_values(outputs[o, a:a + OW], dst[n0 + s, o, d:d + OW])
 
@@ -360,7 +396,7 @@ def same_scratch_floats(c: int, out: int, out_height: int, out_width: int, n: in
     channels with out_height x out_width outputs (packed and sums), on
     slices of at most n samples."""
     P = most_side_by_side(out_width, n)
-    T = P * (out_width + 1) + 1
+    T = packed_stride.py_func(P, out_width)
     return c * (out_height + 2) * T + (out * out_height * T if P > 1 else 0)
 
 
@@ -391,7 +427,7 @@ def _conv3_same_forward_lanes(x, w, b, out, width, scratch):
 def _packing(scratch, N, C, O, OH, OW):
     """conv3_same_simd's packed and sums scratch for N samples, from the
     start of scratch."""
-    T = side_by_side(OW, N) * (OW + 1) + 1
+    T = packed_stride(side_by_side(OW, N), OW)
     size = C * (OH + 2) * T
     return scratch[:size], scratch[size:size + O * OH * T]
 
