@@ -120,26 +120,25 @@ def splat_at(typingctx: Any, arr: Any, index: Any) -> Any:
     return f32x16(arr, index), codegen
 
 
-@intrinsic
-def add(typingctx: Any, a: Any, b: Any) -> Any:
-    """a + b, lane by lane."""
-    if not a == b == f32x16:
-        return None
+def _lane_by_lane(name: str, instruction: str, doc: str) -> Any:
+    """The intrinsic `name` of two vectors: `instruction` (an llvmlite
+    IRBuilder method: fadd, fsub, fmul) lane by lane."""
 
-    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
-        return builder.fadd(*args)
-    return f32x16(a, b), codegen
+    def typer(typingctx: Any, a: Any, b: Any) -> Any:
+        if not a == b == f32x16:
+            return None
+
+        def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+            return getattr(builder, instruction)(*args)
+        return f32x16(a, b), codegen
+    typer.__name__ = typer.__qualname__ = name
+    typer.__doc__ = doc
+    return intrinsic(typer)
 
 
-@intrinsic
-def sub(typingctx: Any, a: Any, b: Any) -> Any:
-    """a - b, lane by lane."""
-    if not a == b == f32x16:
-        return None
-
-    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
-        return builder.fsub(*args)
-    return f32x16(a, b), codegen
+add = _lane_by_lane("add", "fadd", "a + b, lane by lane.")
+sub = _lane_by_lane("sub", "fsub", "a - b, lane by lane.")
+mul = _lane_by_lane("mul", "fmul", "a * b, lane by lane.")
 
 
 @intrinsic
@@ -182,9 +181,7 @@ def load_masked(typingctx: Any, arr: Any, index: Any, bits: Any) -> Any:
 
     def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
         arr, index, bits = args
-        lanes = builder.trunc(bits, ir.IntType(LANES)) if bits.type.width > LANES else (
-            builder.zext(bits, ir.IntType(LANES)) if bits.type.width < LANES else bits)
-        mask = builder.bitcast(lanes, ir.VectorType(ir.IntType(1), LANES))
+        mask = _lane_mask(builder, bits)
         masked = cgutils.get_or_insert_function(
             builder.module, ir.FunctionType(_VECTOR, [ir.PointerType(_VECTOR), ir.IntType(32),
                                                       mask.type, _VECTOR]),
@@ -193,6 +190,36 @@ def load_masked(typingctx: Any, arr: Any, index: Any, bits: Any) -> Any:
         return builder.call(masked, [at, ir.Constant(ir.IntType(32), 4), mask,
                                      ir.Constant(_VECTOR, [0.0] * LANES)])
     return f32x16(arr, index, bits), codegen
+
+
+@intrinsic
+def store_masked(typingctx: Any, arr: Any, index: Any, vector: Any, bits: Any) -> Any:
+    """arr[index + l] = lane l of vector where bit l of the integer `bits`
+    is set; the others are not written (nor read: they may lie past the
+    array)."""
+    if not (_float32_vector(arr) and isinstance(index, types.Integer) and vector == f32x16
+            and isinstance(bits, types.Integer)):
+        return None
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        arr, index, vector, bits = args
+        mask = _lane_mask(builder, bits)
+        masked = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [_VECTOR, ir.PointerType(_VECTOR),
+                                                            ir.IntType(32), mask.type]),
+            "llvm.masked.store.v16f32." + _POINTER_SUFFIX)
+        at = _lanes_at(context, builder, sig.args[0], arr, index)
+        builder.call(masked, [vector, at, ir.Constant(ir.IntType(32), 4), mask])
+        return context.get_dummy_value()
+    return types.none(arr, index, vector, bits), codegen
+
+
+def _lane_mask(builder: Any, bits: Any) -> Any:
+    """The <16 x i1> of an integer's low 16 bits (bit l: lane l)."""
+    width = bits.type.width
+    lanes = (builder.trunc(bits, ir.IntType(LANES)) if width > LANES
+             else builder.zext(bits, ir.IntType(LANES)) if width < LANES else bits)
+    return builder.bitcast(lanes, ir.VectorType(ir.IntType(1), LANES))
 
 
 @intrinsic

@@ -277,19 +277,24 @@ def test_plan_fuses_relus_and_skips_free_flattens():
     # nothing before the first conv needs a gradient
     assert plan[:, P.P_GRAD].tolist() == [0, 0, 1, 1, 1, 1, 1]
     # where the machine has AVX-512 both convs run their forwards and weight
-    # gradients as vectors, and the same conv from 32 channels its input
-    # gradient; else the 64-channel conv's gradients are GEMMs. Its scratch
-    # is last
+    # gradients as vectors, the same conv from 32 channels its forward as a
+    # same conv (by Winograd's F(2x2, 3x3)) and its input gradient; else the
+    # 64-channel conv's gradients are GEMMs. Its scratch is last
     vectors = C.SIMD_FORWARD | C.SIMD_WEIGHTS if C.SIMD else 0
     gemms = 0 if C.SIMD else C.GEMM_WEIGHTS | C.GEMM_INPUT
-    inputs = C.SIMD_INPUT if C.SIMD else 0
+    inputs = C.SIMD_INPUT | C.SIMD_SAME if C.SIMD else 0
     assert plan[:, P.P_PATH].tolist() == [0, vectors, 0, gemms | inputs | vectors, 0, 0, 0]
-    # (the largest pass's: in vectors the input gradient's flipped weights,
-    # 32 zeros and the output gradient's 64 maps copied with a zero border,
-    # more than the weight gradient's 64 * 16 * 16 + 32 * 9 * 64 + 256; as
-    # GEMMs a block of one sample in wide rows, 16 x 18 columns: 2 junk of 18
-    # are under an eighth; 32 * 9 taps' columns and 64 channels' products)
-    scratch = (32 * 9 * 64 + 32 + 64 * 18 * 18 if C.SIMD else (32 * 9 + 64) * 16 * 18)
+    # (the largest pass's: by Winograd the forward's transformed and reordered
+    # weights, a padded sample, and two samples' transformed input, sums of a
+    # group of 32 channels and outputs (their rows 18 apart, 288 positions),
+    # the positions' extra lines and a tile; more than the input gradient's
+    # (one sample at a time) and the weight gradient's 64 * 16 * 16 + 32 * 9
+    # * 64 + 256; as GEMMs a block of one sample in wide rows, 16 x 18
+    # columns: 2 junk of 18 are under an eighth; 32 * 9 taps' columns and 64
+    # channels' products)
+    winograd = (16 * 32 * 64 + 9 * 32 * 64 + 18 * 18 * 32 + 3 * 16 * 16
+                + 2 * (16 * 64 * (32 + 32) + 288 * 64) + 16 * 16)
+    scratch = winograd if C.SIMD else (32 * 9 + 64) * 16 * 18
     assert plan[3, P.P_COFF] == models.build("vgg-small", "cifar10").workspace(2).acts_size \
         - scratch
     # a kernel size without direct kernels runs every pass as GEMMs

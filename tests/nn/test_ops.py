@@ -74,13 +74,17 @@ def test_the_path_bits_pick_the_op_of_each_pass():
     assert names(ops.row_ops(conv)) == ("conv3_simd_forward_op", "conv3_weights_op", "nothing")
     conv[P.P_PATH] = C.SIMD_WEIGHTS
     assert names(ops.row_ops(conv)) == ("conv3_forward_op", "conv3_simd_weights_op", "nothing")
+    conv[P.P_PATH] = C.SIMD_FORWARD | C.SIMD_SAME
+    assert names(ops.row_ops(conv)) == ("conv3_same_forward_op", "conv3_weights_op", "nothing")
 
 
 def test_the_rules_put_the_gradients_of_wide_3x3_convs_on_gemms_or_vectors():
     """conv_paths on vgg-bn's convs. On machines with the vectors every
     forward, every weight gradient (whole groups of SIMD3_WEIGHT_CHANNELS)
     and the input gradients run in them (same convs, whole blocks of
-    SIMD3_CHANNELS; 64 -> 128's 8x8 maps side by side). Elsewhere 3 -> 32
+    SIMD3_CHANNELS; 64 -> 128's 8x8 maps side by side), the forwards of the
+    same convs 32 -> 64 and 64 -> 128 as same convs (by Winograd's F(2x2,
+    3x3), which the 16x16 maps take too). Elsewhere 3 -> 32
     is direct in its gradients, 32 -> 64 and 64 -> 128 run their weight
     gradients as GEMMs (GEMM_WEIGHTS_MIN_OUT, NARROW_COLUMNS), 64 -> 128
     its other passes too; 32 -> 32 stays direct."""
@@ -89,7 +93,7 @@ def test_the_rules_put_the_gradients_of_wide_3x3_convs_on_gemms_or_vectors():
     if C.SIMD:
         assert convs == [
             ("conv3_simd_forward_op", "conv3_simd_weights_op", "nothing"),
-            ("conv3_simd_forward_op", "conv3_simd_weights_op", "conv3_simd_input_op"),
+            ("conv3_same_forward_op", "conv3_simd_weights_op", "conv3_simd_input_op"),
             ("conv3_same_forward_op", "conv3_simd_weights_op", "conv3_simd_input_op")]
     else:
         assert convs == [
@@ -103,6 +107,10 @@ def test_the_rules_put_the_gradients_of_wide_3x3_convs_on_gemms_or_vectors():
     assert uneven & C.GEMM_WEIGHTS and not uneven & C.SIMD_WEIGHTS
     wide = C.conv_paths(3, 64, True, 16, 32, 32 * 18 * 18, 16, True)
     assert bool(wide & C.SIMD_WEIGHTS) == C.SIMD != bool(wide & C.GEMM_WEIGHTS)
+    # a wide same conv's forward runs as a same conv where Winograd takes it
+    # (whole vectors of input channels), else as the valid conv of its padded input
+    assert bool(wide & C.SIMD_SAME) == C.SIMD
+    assert not C.conv_paths(3, 64, True, 16, 8, 8 * 18 * 18, 16, True) & C.SIMD_SAME
 
 
 @pytest.mark.skipif(not C.SIMD, reason="the vector paths need AVX-512")

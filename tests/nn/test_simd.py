@@ -78,6 +78,22 @@ def test_load_masked_reads_the_lanes_of_set_bits_and_zeros_the_rest(bits, at):
     assert np.isnan(out[16])
 
 
+@jit
+def _store_masked(a, at, bits, out):
+    simd.store_masked(out, at, simd.load(a, 0), bits)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**16 - 1), st.integers(0, 8))
+def test_store_masked_writes_the_lanes_of_set_bits_and_nothing_else(bits, at):
+    a = np.arange(16, dtype=np.float32)
+    out = np.full(at + 17, np.nan, np.float32)
+    _store_masked(a, at, bits, out)
+    lanes = np.array([bits >> lane & 1 for lane in range(16)], bool)
+    np.testing.assert_array_equal(out[at:at + 16], np.where(lanes, a, np.nan))
+    assert np.isnan(out[:at]).all() and np.isnan(out[at + 16])
+
+
 def test_the_vectors_take_float32_arrays_only():
     with pytest.raises(numba.core.errors.TypingError):
         numba.njit(lambda a: simd.load(a, 0))(np.zeros(16))
@@ -284,11 +300,24 @@ def transposed_conv(w, dout):
 def test_conv3_input_lanes_matches_the_transposed_conv_inside_the_border(shape, C, slack):
     """The input gradient of a "same" 3x3 conv through conv3_input_lanes:
     the weights flipped and reordered, the output gradient padded (side by
-    side where narrow), in scratch that starts as NaN (all it reads it
+    side where narrow), in scratch that starts as UNWRITTEN (all it reads it
     wrote; sized for a workspace of up to N + `slack` samples, whose P may
     be smaller than N's), against numpy in float64. Only dx's interior is
     written: a same conv's input border is padding, and junk columns are junk."""
     N, O, OH, OW, junk, seed = shape
+    check_input_lanes(N, C, O, OH, OW, junk, seed, slack)
+
+
+# What the scratch of the same convs' checks starts as: finite, so that a
+# value copied from scratch the kernel never wrote into a place it must not
+# write shows (NaN would look like the place left alone), and huge, so that
+# one read into an output shows too.
+UNWRITTEN = np.float32(1e30)
+
+
+def check_input_lanes(N, C, O, OH, OW, junk, seed, slack):
+    """conv3_input_lanes's dx of a same conv from C to O channels against
+    the transposed conv in float64, as the test above says."""
     H, W = OH + 2, OW + 2
     S = W + junk
     rng = np.random.default_rng(seed)
@@ -296,7 +325,7 @@ def test_conv3_input_lanes_matches_the_transposed_conv_inside_the_border(shape, 
     dout = rng.standard_normal((N, O, OH, S)).astype(np.float32)
     dout[..., OW:] = np.nan  # junk columns of the output gradient: never read
     dx = np.full((N, C, H, S), np.nan, np.float32)
-    scratch = np.full(V.input_scratch_floats(C, O, OH, OW, N + slack), np.nan, np.float32)
+    scratch = np.full(V.input_scratch_floats(C, O, OH, OW, N + slack, S), UNWRITTEN, np.float32)
     _input_lanes(w, dout.reshape(N, O, OH * S), dx, W, scratch)
     inside = transposed_conv(w, dout[..., :OW])[:, :, 1:-1, 1:-1]
     assert np.abs(dx[:, :, 1:-1, 1:W - 1] - inside).max() <= 1e-5 * max(1.0, np.abs(inside).max())
@@ -313,6 +342,12 @@ def test_conv3_same_forward_lanes_matches_scipy(shape, O, slack):
     output's junk columns are not written; scratch as the input gradient's
     test sizes it."""
     N, C, OH, OW, junk, seed = shape
+    check_same_forward(N, C, O, OH, OW, junk, seed, slack)
+
+
+def check_same_forward(N, C, O, OH, OW, junk, seed, slack):
+    """conv3_same_forward_lanes from C to O channels against scipy in
+    float64, as the test above says."""
     H, W = OH + 2, OW + 2
     S = W + junk
     rng = np.random.default_rng(seed)
@@ -321,7 +356,8 @@ def test_conv3_same_forward_lanes_matches_scipy(shape, O, slack):
     w = rng.standard_normal((O, C, 3, 3)).astype(np.float32)
     b = rng.standard_normal(O).astype(np.float32)
     out = np.full((N, O, OH * S), np.nan, np.float32)
-    scratch = np.full(V.same_forward_scratch_floats(C, O, OH, OW, N + slack), np.nan, np.float32)
+    scratch = np.full(V.same_forward_scratch_floats(C, O, OH, OW, N + slack, S), UNWRITTEN,
+                      np.float32)
     _same_forward_lanes(x, w, b, out, W, scratch)
     got = out.reshape(N, O, OH, S)
     padded = np.where(np.isnan(x), 0, x)[..., :W].astype(np.float64)

@@ -6,7 +6,8 @@ iasgd.nn.conv.vector_weights.
 
 Each `*_lanes` entry takes the weights in PyTorch's order and runs the
 direct kernel instead on other dtypes (the tests' float64 finite
-differences), which the vectors do not take.
+differences), which the vectors do not take. The same convs' entries run
+Winograd's F(2x2, 3x3) where it applies (iasgd.nn.conv.winograd.usable).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from numba.extending import overload
 
 from iasgd.compiled import jit_inline
 from iasgd.nn import simd
+from iasgd.nn.conv import winograd
 from iasgd.nn.conv.direct import (
     conv3_backward_input,
     conv3_forward,
@@ -415,6 +417,10 @@ def _conv3_same_forward_lanes(x, w, b, out, width, scratch):
 
     def lanes(x, w, b, out, width, scratch):
         N, C, H, S = x.shape
+        if winograd.usable(C, b.size, H - 2, width - 2):
+            winograd.conv3_winograd(x.reshape((N, C, H * S)), S + 1, S, w, False, b, out, 0, S,
+                                    H - 2, width - 2, scratch)
+            return
         wt = _grouped_taps(w, SIMD3_CHANNELS, scratch)
         rest = scratch[wt.size:]
         packed, sums = _packing(rest, N, C, b.size, H - 2, width - 2)
@@ -450,6 +456,12 @@ def _conv3_input_lanes(w, dout, dx, width, scratch):
     def lanes(w, dout, dx, width, scratch):
         N, C, H, S = dx.shape
         O = w.shape[0]
+        if winograd.usable(O, C, H - 2, width - 2):
+            zeros = scratch[:C]
+            zeros[:] = 0
+            winograd.conv3_winograd(dout, 0, S, w, True, zeros, dx.reshape((N, C, H * S)), S + 1,
+                                    S, H - 2, width - 2, scratch[C:])
+            return
         wt = _reordered_taps(w, SIMD3_CHANNELS, scratch, True)
         zeros = scratch[wt.size:wt.size + C]
         zeros[:] = 0
@@ -460,12 +472,17 @@ def _conv3_input_lanes(w, dout, dx, width, scratch):
 
 
 def same_forward_scratch_floats(c: int, out: int, out_height: int, out_width: int,
-                                n: int) -> int:
-    """Floats of scratch conv3_same_forward_lanes takes on slices of at most n."""
-    return c * 9 * out + same_scratch_floats(c, out, out_height, out_width, n)
+                                n: int, stride: int) -> int:
+    """Floats of scratch conv3_same_forward_lanes takes on slices of at most
+    n, its maps' rows `stride` apart."""
+    return max(c * 9 * out + same_scratch_floats(c, out, out_height, out_width, n),
+               winograd.scratch_floats(c, out, out_height, out_width, stride))
 
 
-def input_scratch_floats(c: int, out: int, out_height: int, out_width: int, n: int) -> int:
+def input_scratch_floats(c: int, out: int, out_height: int, out_width: int, n: int,
+                         stride: int) -> int:
     """Floats of scratch conv3_input_lanes takes for a conv from c to `out`
-    channels with out_height x out_width outputs, on slices of at most n."""
-    return c * 9 * out + c + same_scratch_floats(out, c, out_height, out_width, n)
+    channels with out_height x out_width outputs, on slices of at most n,
+    its maps' rows `stride` apart."""
+    return c + max(c * 9 * out + same_scratch_floats(out, c, out_height, out_width, n),
+                   winograd.scratch_floats(out, c, out_height, out_width, stride))

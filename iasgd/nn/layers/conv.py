@@ -19,7 +19,7 @@ from typing import Any
 
 from iasgd.compiled import jit_inline
 from iasgd.nn import simd
-from iasgd.nn.conv import direct, gemm, vector, vector_weights
+from iasgd.nn.conv import direct, gemm, vector, vector_weights, winograd
 from iasgd.nn.conv.vector import SIMD3_CHANNELS, SIMD_BLOCK
 from iasgd.nn.conv.vector_weights import SIMD3_WEIGHT_CHANNELS
 from iasgd.nn.kinds import Kind, LayerShape, Lowering, Params, RowOp, Shape, Sizing, image
@@ -65,7 +65,10 @@ class Conv:
 # narrow rows as conv3_same_simd, side by side), SIMD_WEIGHTS: the weight
 # gradient as conv5_backward_weights_simd or conv3_backward_weights_simd,
 # SIMD_INPUT: the input gradient of a same 3x3 conv as conv3_same_simd
-# (explicit vectors).
+# (explicit vectors), SIMD_SAME: with SIMD_FORWARD, the forward of a same
+# 3x3 conv as conv3_same_forward_lanes. Both run a same conv by Winograd's
+# F(2x2, 3x3) where it applies (iasgd.nn.conv.winograd.usable), else
+# conv3_same_simd (narrow maps side by side).
 GEMM_FORWARD = 1
 GEMM_WEIGHTS = 2
 GEMM_INPUT = 4
@@ -73,6 +76,7 @@ GEMM_ALL = GEMM_FORWARD | GEMM_WEIGHTS | GEMM_INPUT
 SIMD_FORWARD = 8
 SIMD_WEIGHTS = 16
 SIMD_INPUT = 32
+SIMD_SAME = 64
 
 # The rules of conv_paths (their measurements: bench/results/conv-paths.md).
 # The input gradient of a 3x3 or 5x5 conv runs as a GEMM from this many
@@ -127,7 +131,8 @@ def conv_paths(k: int, out: int, needs_input_grad: bool, out_width: int = 0,
     weight gradient from SIMD_WEIGHTS_MIN_TAPS taps; a 3x3 conv's forward
     with whole blocks of SIMD3_CHANNELS output channels and two rows, from a
     vector's width of columns or, a "same" conv (`same`), at any width
-    (narrow maps side by side, vector.conv3_same_simd), and a same 3x3 conv's
+    (narrow maps side by side, vector.conv3_same_simd; SIMD_SAME, and by
+    Winograd's F(2x2, 3x3) where winograd.usable), and a same 3x3 conv's
     input gradient with whole blocks of input channels, and a 3x3 conv's
     weight gradient with whole groups of SIMD3_WEIGHT_CHANNELS output
     channels; elsewhere a 3x3 conv on narrow rows from many channels its
@@ -147,6 +152,9 @@ def conv_paths(k: int, out: int, needs_input_grad: bool, out_width: int = 0,
     same3 = SIMD and k == 3 and same and out_height >= 2  # any width: side by side
     if (wide3 or same3) and out % SIMD3_CHANNELS == 0:
         bits |= SIMD_FORWARD
+        if same3 and (out_width < simd.LANES
+                      or winograd.usable.py_func(channels, out, out_height, out_width)):
+            bits |= SIMD_SAME
     if needs_input_grad and same3 and channels % SIMD3_CHANNELS == 0:
         bits |= SIMD_INPUT
     elif needs_input_grad and out >= GEMM_INPUT_MIN_CHANNELS:
@@ -176,15 +184,16 @@ def scratch_floats(c: int, k: int, out: int, out_height: int, out_width: int, st
     ckk = c * k * k
     gemms = (max(gemm.scratch_sizes(ckk, out, out_height, out_width, stride))
              if bits & GEMM_ALL else 0)
-    block = SIMD_BLOCK * simd.LANES if k == 5 else 0
-    if k == 3 and out_width < simd.LANES:  # side by side (vector.conv3_same_simd)
-        block = vector.same_scratch_floats(c, out, out_height, out_width, n)
-    forward = ckk * out + block if bits & SIMD_FORWARD else 0
+    forward = 0
+    if bits & SIMD_SAME:
+        forward = vector.same_forward_scratch_floats(c, out, out_height, out_width, n, stride)
+    elif bits & SIMD_FORWARD:
+        forward = ckk * out + (SIMD_BLOCK * simd.LANES if k == 5 else 0)
     weights = 0
     if bits & SIMD_WEIGHTS:
         weights = ((out_height * out_width + ckk) * simd.LANES if k == 5
                    else vector_weights.weights3_scratch_floats(c, out, out_height, out_width))
-    inputs = (vector.input_scratch_floats(c, out, out_height, out_width, n)
+    inputs = (vector.input_scratch_floats(c, out, out_height, out_width, n, stride)
               if bits & SIMD_INPUT else 0)
     return max(gemms, forward, weights, inputs)
 
@@ -382,8 +391,7 @@ def _conv_passes(row: Any) -> tuple:
         _GEMM[p] if bits & bit else plain[p]
         for p, bit in enumerate((GEMM_FORWARD, GEMM_WEIGHTS, GEMM_INPUT)))
     if bits & SIMD_FORWARD:
-        narrow = k == 3 and row[P_OW] < simd.LANES  # a same conv, side by side
-        forward = conv3_same_forward_op if narrow else _SIMD_FORWARD[k]
+        forward = conv3_same_forward_op if bits & SIMD_SAME else _SIMD_FORWARD[k]
     if bits & SIMD_WEIGHTS:
         weights = _SIMD_WEIGHTS[k]
     if bits & SIMD_INPUT:
