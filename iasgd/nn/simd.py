@@ -160,13 +160,8 @@ def load_first(typingctx: Any, arr: Any, index: Any, count: Any, fill: Any) -> A
             ir.Constant(lanes.type, ir.Undefined),
             ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES))
         mask = builder.icmp_signed("<", lanes, limit)
-        masked = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(_VECTOR, [ir.PointerType(_VECTOR), ir.IntType(32),
-                                                      mask.type, _VECTOR]),
-            "llvm.masked.load.v16f32." + _POINTER_SUFFIX)
-        at = _lanes_at(context, builder, sig.args[0], arr, index)
-        return builder.call(masked, [at, ir.Constant(ir.IntType(32), 4), mask,
-                                     _broadcast(builder, fill)])
+        return _masked_load(builder, _lanes_at(context, builder, sig.args[0], arr, index), mask,
+                            _broadcast(builder, fill))
     return f32x16(arr, index, count, fill), codegen
 
 
@@ -181,14 +176,8 @@ def load_masked(typingctx: Any, arr: Any, index: Any, bits: Any) -> Any:
 
     def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
         arr, index, bits = args
-        mask = _lane_mask(builder, bits)
-        masked = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(_VECTOR, [ir.PointerType(_VECTOR), ir.IntType(32),
-                                                      mask.type, _VECTOR]),
-            "llvm.masked.load.v16f32." + _POINTER_SUFFIX)
-        at = _lanes_at(context, builder, sig.args[0], arr, index)
-        return builder.call(masked, [at, ir.Constant(ir.IntType(32), 4), mask,
-                                     ir.Constant(_VECTOR, [0.0] * LANES)])
+        return _masked_load(builder, _lanes_at(context, builder, sig.args[0], arr, index),
+                            _lane_mask(builder, bits), ir.Constant(_VECTOR, [0.0] * LANES))
     return f32x16(arr, index, bits), codegen
 
 
@@ -212,6 +201,16 @@ def store_masked(typingctx: Any, arr: Any, index: Any, vector: Any, bits: Any) -
         builder.call(masked, [vector, at, ir.Constant(ir.IntType(32), 4), mask])
         return context.get_dummy_value()
     return types.none(arr, index, vector, bits), codegen
+
+
+def _masked_load(builder: Any, at: Any, mask: Any, others: Any) -> Any:
+    """The <16 x float> at the pointer `at` in the lanes of `mask` (a <16 x
+    i1>), the lanes of `others` elsewhere (LLVM's masked load)."""
+    load = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(_VECTOR, [ir.PointerType(_VECTOR), ir.IntType(32),
+                                                  mask.type, _VECTOR]),
+        "llvm.masked.load.v16f32." + _POINTER_SUFFIX)
+    return builder.call(load, [at, ir.Constant(ir.IntType(32), 4), mask, others])
 
 
 def _lane_mask(builder: Any, bits: Any) -> Any:
