@@ -33,6 +33,7 @@ import numpy as np
 
 from iasgd.compiled import jit_inline
 from iasgd.nn import simd
+from iasgd.nn.conv import vector
 
 GROUP = 2 * simd.LANES  # output channels of a block of sums: two vectors
 TILES = 8  # tiles of a block of sums
@@ -144,13 +145,7 @@ def _transform_weights(w, flipped, taps, U, C, O, step):
     o] (9, C, O) so that 16 output channels are one vector. G = [[1, 0,
     0], [1/2, 1/2, 1/2], [1/2, -1/2, 1/2], [0, 0, 1]]."""
     L = simd.LANES
-    for c in range(C):
-        for o in range(O):
-            for t in range(9):
-                if flipped:  # w (C_out = O, C_in = C): w'[o, c, i, j] = w[c, o, 2-i, 2-j]
-                    taps[(c * 9 + t) * O + o] = w[c, o, 2 - t // 3, 2 - t % 3]
-                else:
-                    taps[(c * 9 + t) * O + o] = w[o, c, t // 3, t % 3]
+    vector._reordered_taps(w, O, taps, flipped)  # one group of all O channels: (C, 9, O)
     half = simd.splat(np.float32(0.5))
     for c in range(C):
         for o in range(0, O, L):
