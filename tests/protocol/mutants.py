@@ -82,6 +82,10 @@ LOCKED_APPLY = ("    if rule.algo == ASYNC:\n        G.lock(state)\n"
                 "    factor = factors[min(tau, factors.size - 1)]\n"
                 + APPLY_BLOCK)
 
+# where options apply: the written-out answers, option by option (the walk of
+# tests/test_config.py takes each rule as its own oracle, so it passes a wrong one)
+OPTION_RULE_TESTS = ("tests/test_option_rules.py",)
+
 
 @dataclass(frozen=True)
 class Mutant:
@@ -250,6 +254,76 @@ MUTANTS = [
            "            getattr(team, name)[...] = snap.arrays[name]\n",
            "            getattr(team, name)[...] = snap.arrays[name]\n"
            "        team.velocity[:] = 0.0\n", RESUME_TESTS),
+    # where options apply
+    Mutant("crop-padding-applies-to-flip",
+           "--crop-padding is taken with any augmentation, --augment flip included, where "
+           "nothing is cropped",
+           "iasgd/config.py",
+           "              lambda c: AUGMENTS.get(c.augment, (False, False))[0])\n",
+           "              lambda c: c.augment != \"none\")\n", OPTION_RULE_TESTS),
+    Mutant("nesterov-without-momentum",
+           "--nesterov is taken with --momentum 0, where there is no momentum to look ahead "
+           "with",
+           "iasgd/config.py",
+           "lambda c: c.momentum > 0)", "lambda c: c.momentum >= 0)", OPTION_RULE_TESTS),
+    Mutant("interval-knobs-for-every-stale-algo",
+           "--interval, --gate and --interval-schedule are taken for hogwild and async, which "
+           "have no intervals",
+           "iasgd/config.py",
+           "lambda c: ALGORITHMS[c.algo].bound == \"interval\")\nMOVING_Y",
+           "lambda c: ALGORITHMS[c.algo].stale)\nMOVING_Y", OPTION_RULE_TESTS),
+    Mutant("y-min-for-per-worker",
+           "--y-min is taken with --interval-schedule per-worker, which has no floor",
+           "iasgd/config.py",
+           "_schedule_is(\"decay\", \"probe\", \"follow-loss\", \"budget\")",
+           "_schedule_is(\"decay\", \"probe\", \"follow-loss\", \"budget\", \"per-worker\")",
+           OPTION_RULE_TESTS),
+    Mutant("probe-steps-for-follow-loss",
+           "--probe-steps and --exec-steps are taken with follow-loss (the loss readers' rule), "
+           "which probes nothing",
+           "iasgd/config.py",
+           "lambda c: c.interval_schedule == \"probe\" or c.threads_schedule == \"window\")",
+           "lambda c: c.interval_schedule in (\"probe\", \"follow-loss\")\n"
+           "                 or c.threads_schedule == \"window\")", OPTION_RULE_TESTS),
+    Mutant("threads-schedule-for-sync",
+           "--threads-schedule is taken for sync (every parallel algorithm), whose rounds "
+           "take every thread",
+           "iasgd/config.py",
+           "choices=S.THREAD_SCHEDULES, applies=STALE)",
+           "choices=S.THREAD_SCHEDULES, applies=PARALLEL)", OPTION_RULE_TESTS),
+    Mutant("lr-decay-on-ray",
+           "--lr-decay and --lr-warmup are taken on every backend, where a Ray node counts "
+           "only its own updates",
+           "iasgd/config.py",
+           "lambda c: c.backend == \"threads\")", "lambda c: c.backend in BACKENDS)",
+           OPTION_RULE_TESTS),
+    Mutant("node-gate-without-ray",
+           "--node-interval and --node-gate are taken for any interval run, without "
+           "--backend ray and its nodes",
+           "iasgd/config.py",
+           "lambda c: c.backend == \"ray\" and ALGORITHMS[c.algo].bound == \"interval\")",
+           "lambda c: ALGORITHMS[c.algo].bound == \"interval\")", OPTION_RULE_TESTS),
+    Mutant("test-fraction-for-archives",
+           "--test-fraction and --layout are taken for every dataset but synthetic, the "
+           "archives (which have their own test split and layout) included",
+           "iasgd/run.py",
+           "lambda run: run.dataset not in datasets.DATASETS)",
+           "lambda run: run.dataset != \"synthetic\")", OPTION_RULE_TESTS),
+    Mutant("resume-drops-crop-padding",
+           "a resume takes --crop-padding from its own command line, as --quiet, not from the "
+           "saved run: a resumed crop run trains with the default padding",
+           "iasgd/resume.py",
+           "\"archive\", \"resume\"}\n"
+           "# Options of this command only, never the saved run's: a flag cannot be unset.\n"
+           "NOT_INHERITED = {\"quiet\"}\n",
+           "\"archive\", \"resume\", \"crop_padding\"}\n"
+           "NOT_INHERITED = {\"quiet\", \"crop_padding\"}\n", OPTION_RULE_TESTS),
+    Mutant("resume-resets-every-ruled-option",
+           "a resume resets every option that has a rule to its default, not only those that "
+           "did nothing to the saved run",
+           "iasgd/resume.py",
+           "if O.applies(f) is not None and not O.applies(f).test(run)}}",
+           "if O.applies(f) is not None}}", OPTION_RULE_TESTS),
 ]
 
 
