@@ -54,6 +54,7 @@ from iasgd.nn.plan import plain_sgd
 from iasgd.protocol import gate, workers
 
 LOW32 = (1 << 32) - 1
+STEP_BOUND_S = 30  # far above any step's microseconds, even on a busy machine
 PARAMS = 3  # elements of the model's parameters: a write or a read is 3 steps
 
 
@@ -132,11 +133,20 @@ class Scheduler:
     def step(self, t: ModelThread) -> None:
         """Let t perform one atomic step (and the local code after it)."""
         t.go.release()
-        self.back.acquire()
+        self.wait_back(t)
         self.steps += 1
         if t.error is not None:
             raise t.error
         self.after_step(t)
+
+    def wait_back(self, t: ModelThread) -> None:
+        """Wait for t to reach its next atomic step. A step is a few lines of
+        Python: one that does not come back in STEP_BOUND_S seconds loops or
+        blocks outside the atomics (a bug the model cannot schedule), and the
+        example fails, naming it, instead of hanging the suite."""
+        if not self.back.acquire(timeout=STEP_BOUND_S):
+            raise ModelError(f"{t.name} did not reach its next atomic step in {STEP_BOUND_S} s: "
+                             "a loop or a block outside the model's atomics")
 
     def finished(self) -> bool:
         return all(t.done for t in self.threads)
@@ -559,7 +569,7 @@ def run_scenario(sc: Scenario, choices: list[int], finish_steps: int = 20_000) -
     try:
         for t in s.threads:  # each runs up to its first step
             t.go.release()
-            s.back.acquire()
+            s.wait_back(t)
         for choice in choices:
             ready = s.runnable()
             if not ready:
