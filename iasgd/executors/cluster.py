@@ -457,10 +457,13 @@ class Node:
     """One node: a team of threads training a copy of the parameters, and
     the loop that exchanges its updates with the server (module doc)."""
 
-    def __init__(self, node: int, model: Model, data: Dataset, cfg: TrainConfig):
+    def __init__(self, node: int, model: Model, data: Dataset, cfg: TrainConfig,
+                 segment: int = 0):
         from iasgd.executors.threads import Team, usable_cores  # the threads executor, on this node
 
-        self.node, self.cfg = node, cfg
+        # segment: how often the run was resumed (it seeds the threads' streams, so
+        # that a resumed run draws new batches, as on one machine)
+        self.node, self.cfg, self.segment = node, cfg, segment
         self.local_cfg = dataclasses.replace(cfg, seed=node_seed(cfg.seed, node))
         quota = steps_per_epoch(data.x_train.shape[0], cfg.batch_size)
         self.result = RunResult(status=Status.COMPLETED)
@@ -508,7 +511,7 @@ class Node:
         reply = self._exchange(link, Push(self.node, None, 0, 0, -1), depth * cfg.sync_every)
         np.copyto(team.params, reply.params)
         self._t_start = time.perf_counter()
-        team.start(0)
+        team.start(self.segment)
         computed = 0
         try:
             while not reply.stop:

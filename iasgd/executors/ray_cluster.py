@@ -64,13 +64,14 @@ class NodeActor:
     When its server is lost it waits, its standing published, until the
     driver gives it a new one (`reconnect`) or stops it."""
 
-    def __init__(self, node: int, model: Model, data: Dataset, cfg: TrainConfig, server):
+    def __init__(self, node: int, model: Model, data: Dataset, cfg: TrainConfig, server,
+                 segment: int = 0):
         # the object store hands out read-only arrays: compiled code would be
         # specialised (and compiled) again for them, so take a private copy
         data = dataclasses.replace(data, x_train=np.array(data.x_train),
                                    y_train=np.array(data.y_train))
         one_thread_blas_for_good()  # this process trains this node alone, from its warm-up
-        self.inner = Node(node, model, data, cfg)
+        self.inner = Node(node, model, data, cfg, segment)
         self.server = server
         self.cond = threading.Condition()
         self.waiting: Standing | None = None  # set while it waits for a new server
@@ -164,6 +165,7 @@ class RayRun(ExecutorBase):
         self.result = RunResult(status=Status.COMPLETED)
         self.run_hist = np.zeros(HIST_BINS, np.int64)
         self.epoch, self.epoch_time = 1, 0.0
+        self.segment = 0  # how often the run was resumed: it seeds the nodes' streams
         ray = self.ray
         self.started = time.perf_counter()
         self.here = ray.get_runtime_context().get_node_id()  # the driver's Ray node
@@ -186,7 +188,7 @@ class RayRun(ExecutorBase):
         data_ref = ray.put(data)
         node_actor = ray.remote(NodeActor).options(num_cpus=cfg.threads, max_concurrency=4,
                                                    scheduling_strategy="SPREAD")
-        self.handles = [node_actor.remote(i, model, data_ref, cfg, self.server)
+        self.handles = [node_actor.remote(i, model, data_ref, cfg, self.server, self.segment)
                         for i in range(cfg.nodes)]
         # every node up and its compiled code loaded before the clock starts
         ray.get([h.warm_up.remote() for h in self.handles])
@@ -208,6 +210,7 @@ class RayRun(ExecutorBase):
         self.ray.get(self.server.restore.remote(
             {k: arrays[k] for k in ("params", "server_state", "node_hist")}, meta["server"]))
         self.epoch, self.epoch_time = meta["epoch"], meta["epoch_time"]
+        self.segment = meta.get("segment", 0) + 1  # (a checkpoint saved before it had one: 0)
         self.run_hist[:] = arrays["run_hist"]
         self.restore_totals(meta["result"], arrays["params"], self.run_hist)
 
@@ -232,7 +235,8 @@ class RayRun(ExecutorBase):
         arrays["run_hist"] = self.run_hist.copy()
         self.result.params = arrays["params"]
         meta = {"epoch": epoch, "epoch_time": epoch_time, "backend": "ray",
-                "server": server_meta, "result": result_meta(self.result)}
+                "segment": self.segment, "server": server_meta,
+                "result": result_meta(self.result)}
         return Snapshot(arrays, meta)
 
     # ------------------------------------------------------------------ run

@@ -320,3 +320,60 @@ def test_ctrl_c_saves_the_run_and_exits_130(cluster, tmp_path):
     assert (tmp_path / "r.ckpt.h5").exists()
     doc = __import__("json").loads(out.read_text())
     assert doc["status"] == "interrupted" and doc["backend"] == "ray"
+
+
+# each node's threads draw their own batches (tests/executors/test_worker_streams.py
+# pins the seeds, and nodes in one process): on Ray, read from the node actors
+from test_worker_streams import assert_apart, first_state  # noqa: E402
+
+from iasgd.executors import cluster as C  # noqa: E402
+from iasgd.protocol import workers as W  # noqa: E402
+
+
+class WatchedRun(R.RayRun):
+    """A RayRun that, before it shuts its nodes down, reads where each
+    node's threads' random streams started: [(node's seed, [first state
+    of each thread's stream])], from its state now and the steps its
+    threads computed (b draws each)."""
+
+    def end_run(self) -> None:
+        read = [h.__ray_call__.remote(lambda actor: (
+            actor.inner.local_cfg.seed, actor.inner.team.rngs[:, 0].copy(),
+            actor.inner.team.counters[:, W.COMPUTED].copy())) for h in self.handles]
+        self.streams = [(seed, [first_state(last, BATCH * int(steps))
+                                for last, steps in zip(rngs, computed, strict=True)])
+                        for seed, rngs, computed in ray.get(read)]
+        super().end_run()
+
+
+def test_the_threads_of_every_ray_node_train_on_their_own_streams(cluster, problem):
+    """Two Ray nodes of two threads, one epoch: each node's threads drew
+    from the streams of its own seed (node_seed of the run's seed), and no
+    thread of a node trains on the batches of another's."""
+    model, data = problem
+    seed = 3
+    rr = WatchedRun(model, data, config(epochs=1, seed=seed))
+    assert rr.run(engine.Hooks()).status == "completed"
+    firsts = []
+    for i, (node_seed, mine) in enumerate(rr.streams):
+        assert node_seed == C.node_seed(seed, i)
+        assert mine == [int(W.stream_seed(node_seed, w, 0)) for w in range(2)]
+        firsts += mine
+    assert_apart(firsts, count=N_TRAIN, b=BATCH)
+
+
+def test_a_resumed_ray_runs_nodes_draw_new_batches(cluster, problem):
+    """A resume starts the nodes afresh: their threads draw from the streams
+    of the resumed segment (stream_seed's segment 1), not again the batches
+    the run drew before it was saved."""
+    model, data = problem
+    saved = []
+    first = WatchedRun(model, data, config(algo="hogwild", epochs=1))
+    first.run(engine.Hooks(on_checkpoint=saved.append))
+    again = WatchedRun(model, data, config(algo="hogwild", epochs=2), resume=saved[-1])
+    assert again.run(engine.Hooks()).status == "completed"
+    for i, (node_seed, mine) in enumerate(again.streams):
+        assert node_seed == C.node_seed(0, i)
+        assert mine == [int(W.stream_seed(node_seed, w, 1)) for w in range(2)]
+    assert_apart([s for _, streams in first.streams + again.streams for s in streams],
+                 count=N_TRAIN, b=BATCH)

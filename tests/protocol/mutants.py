@@ -49,6 +49,19 @@ RESUME_TESTS = (
     "tests/executors/test_resume.py::test_a_threaded_resume_starts_from_every_array_the_snapshot"
     "_holds")
 
+# each worker its own batches: the seeds of worker ids 0..n-1 and of nodes (no
+# compiling), then the streams real runs' workers drew from (threads, the
+# simulator, cluster nodes in one process: a first and a resumed segment)
+STREAMS = "tests/executors/test_worker_streams.py::"
+STREAM_TESTS = (STREAM_SEEDS, STREAM_NODE_SEEDS, STREAM_THREADS, STREAM_SIMULATED, STREAM_NODES,
+                STREAM_RESUMED_NODES) = (
+    STREAMS + "test_every_worker_segment_and_seed_has_its_own_stream",
+    STREAMS + "test_every_node_of_a_cluster_seeds_its_threads_apart",
+    STREAMS + "test_each_thread_trains_on_batches_of_its_own_stream[sync]",
+    STREAMS + "test_each_simulated_worker_trains_on_batches_of_its_own_stream",
+    STREAMS + "test_the_threads_of_every_cluster_node_train_on_their_own_streams[0]",
+    STREAMS + "test_the_threads_of_every_cluster_node_train_on_their_own_streams[1]")
+
 # iasgd.torch across processes: a wake must reach a sleeper in another
 # process, and a y = 1 reader must see every earlier update written
 TORCH_WAKE_TESTS = (
@@ -246,6 +259,42 @@ MUTANTS = [
            TORCH_WRITE, TORCH_WRITE.replace(TORCH_END_WRITE, "").replace(
                "        if fn", TORCH_END_WRITE + "        if fn"),
            TORCH_STRESS_TESTS),
+    # each worker its own batches
+    Mutant("thread-streams-never-seeded",
+           "a threaded run's team never seeds its workers' streams: every worker starts at "
+           "state 0 and trains on the same batch sequence",
+           "iasgd/executors/threads.py",
+           "        self.seed_streams(self.cfg.seed, segment)\n", "", (STREAM_THREADS,)),
+    Mutant("workers-seeded-alike",
+           "every worker's stream is seeded as worker 0's: all train on the same batches",
+           "iasgd/executors/arrays.py",
+           "W.stream_seed(seed, wid, segment)", "W.stream_seed(seed, 0, segment)",
+           (STREAM_THREADS,)),
+    Mutant("simulated-workers-share-a-stream",
+           "the simulator's workers, which share one workspace, share one random stream too: "
+           "a worker's batches depend on when the others draw theirs",
+           "iasgd/executors/arrays.py",
+           "self.rngs[w])", "self.rngs[0 if one is not None else w])", (STREAM_SIMULATED,)),
+    Mutant("stream-seed-ignores-run-seed",
+           "a worker's stream does not depend on the run's seed: every seed draws the same "
+           "batches",
+           "iasgd/protocol/workers.py",
+           "SeedSequence([seed, 2, wid, segment])", "SeedSequence([2, wid, segment])",
+           (STREAM_SEEDS,)),
+    Mutant("node-seed-ignores-run-seed",
+           "a cluster node's seed does not depend on the run's seed",
+           "iasgd/executors/cluster.py",
+           "SeedSequence([seed, 3, node])", "SeedSequence([3, node])", (STREAM_NODE_SEEDS,)),
+    Mutant("nodes-seeded-alike",
+           "every cluster node seeds its threads with the run's seed: thread w of one node "
+           "trains on thread w's batches of every other",
+           "iasgd/executors/cluster.py",
+           "seed=node_seed(cfg.seed, node))", "seed=cfg.seed)", (STREAM_NODES,)),
+    Mutant("resumed-nodes-redraw-their-batches",
+           "a node of a resumed cluster run seeds its threads as the first segment did: the "
+           "resumed run trains on the very batches the run drew from its start",
+           "iasgd/executors/cluster.py",
+           "team.start(self.segment)", "team.start(0)", (STREAM_RESUMED_NODES,)),
     # what a resume restores
     Mutant("resume-drops-momentum",
            "a threaded run's resume starts the momentum (velocity) again from zero instead "
