@@ -308,6 +308,11 @@ class Step:
         try:
             if self.read is not None:
                 self.read()
+        except BaseException:
+            # raised in the read: the `with` never calls __exit__ for a raising
+            # __enter__, so the step gives back what it holds here (and async's lock)
+            S.give_back(g.state, g.rows[self.row], g.control, g.code)
+            raise
         finally:
             S.end_read(g.state, g.rows[self.row])
         return self

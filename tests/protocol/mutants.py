@@ -69,6 +69,15 @@ TORCH_WAKE_TESTS = (
 TORCH_STRESS_TESTS = (
     "tests/pytorch/test_torch_stress.py::test_at_y1_every_read_sees_every_earlier_update"
     "[wait-4]",)
+# a PyTorch step left without its write: the words after its give-back
+TORCH_LEFT = "tests/pytorch/test_torch_left_steps.py::"
+TORCH_PHASE = TORCH_LEFT + "test_a_step_given_back_in_each_phase"
+TORCH_LEAVE = TORCH_LEFT + "test_leaving_the_block_without_apply_gives_the_step_back"
+# give_back's end: the step's LEFT count, its record cleared, the run's completion
+TORCH_GIVE_BACK_END = ("        row[LEFT] += 1\n    atomic_store(row, PHASE, IDLE)\n"
+                       "    if atomic_load(state, G.DONE) >= atomic_load(state, G.LIMIT):\n"
+                       "        atomic_cas(control, REASON, RUNNING, COMPLETED)\n"
+                       "        G.request_stop(state)\n    return phase\n")
 
 # a PyTorch step's write (the user's fn) and the gate call that closes it
 TORCH_END_WRITE = ("        S.end_write(g.state, row, g.hists[self.row], g.control, g.ring, "
@@ -259,6 +268,77 @@ MUTANTS = [
            TORCH_WRITE, TORCH_WRITE.replace(TORCH_END_WRITE, "").replace(
                "        if fn", TORCH_END_WRITE + "        if fn"),
            TORCH_STRESS_TESTS),
+    # iasgd.torch: a step left without its write
+    Mutant("torch-left-slot-unfilled",
+           "give_back of a step holding a slot returns its ticket but fills the slot with no "
+           "empty update: its interval never reaches y applies and never opens",
+           "iasgd/torch/steps.py",
+           "        G.begin_apply(state)  # an empty update fills the slot\n"
+           "        G.finish_apply(state)\n", "        pass\n",
+           (TORCH_PHASE + "[wait-slot-itself-left-first]",
+            TORCH_PHASE + "[drop-slot-parent-left-last]")),
+    Mutant("torch-left-not-counted",
+           "give_back returns what a step held but does not count it in LEFT (the report's "
+           "`left` stays 0)",
+           "iasgd/torch/steps.py", "        row[LEFT] += 1\n", "",
+           (TORCH_LEAVE + "[drop-break]",)),
+    Mutant("torch-ticket-phase-not-recorded",
+           "begin does not record TICKET after taking the ticket: a drop step left before "
+           "its commit, or a wait step killed asleep for a slot, keeps its ticket for good",
+           "iasgd/torch/steps.py", "    atomic_store(row, PHASE, TICKET)\n", "",
+           (TORCH_PHASE + "[drop-ticket-itself-left-first]",
+            TORCH_LEFT + "test_a_worker_killed_asleep_for_a_slot_gets_its_ticket_back")),
+    Mutant("torch-slot-phase-not-recorded",
+           "begin does not record SLOT for the wait policy's slot: a step left before "
+           "applying returns its ticket as if it held none, and its slot is never filled",
+           "iasgd/torch/steps.py", "    if wait:\n        atomic_store(row, PHASE, SLOT)\n", "",
+           (TORCH_LEAVE + "[wait-raise]",)),
+    Mutant("torch-dead-write-not-finished",
+           "give_back of a dead worker's write in progress settles it but never calls "
+           "finish_apply: its interval, counted in V, never opens",
+           "iasgd/torch/steps.py",
+           "        if algo == INTERVAL:\n            G.finish_apply(state)\n"
+           "        G.settle(state)\n", "        G.settle(state)\n",
+           (TORCH_PHASE + "[wait-writing-parent-left-first]",)),
+    Mutant("torch-write-given-back-returns-ticket",
+           "give_back returns the ticket of a write in progress as well as settling it: one "
+           "ticket more than max_updates allows comes back",
+           "iasgd/torch/steps.py",
+           "    if phase < WRITING:  # TICKET or SLOT\n", "    if phase <= WRITING:\n",
+           (TORCH_PHASE + "[drop-writing-parent-left-last]",)),
+    Mutant("torch-give-back-keeps-phase",
+           "give_back does not clear the row's record: the parent's give_back after a worker "
+           "that raised (and gave its step back) exits gives the same step back again",
+           "iasgd/torch/steps.py", TORCH_GIVE_BACK_END,
+           TORCH_GIVE_BACK_END.replace("    atomic_store(row, PHASE, IDLE)\n", ""),
+           (TORCH_PHASE + "[wait-slot-itself-left-last]",)),
+    Mutant("torch-give-back-never-completes",
+           "give_back never stops the run when the step it settles is the last of "
+           "max_updates: the others wait for a ticket none is left of",
+           "iasgd/torch/steps.py", TORCH_GIVE_BACK_END,
+           TORCH_GIVE_BACK_END.replace(
+               "    if atomic_load(state, G.DONE) >= atomic_load(state, G.LIMIT):\n"
+               "        atomic_cas(control, REASON, RUNNING, COMPLETED)\n"
+               "        G.request_stop(state)\n", ""),
+           (TORCH_LEFT + "test_a_write_given_back_completes_the_run[wait]",)),
+    Mutant("torch-exit-gives-back-only-on-raise",
+           "Step.__exit__ gives back only when the block raised: a `break` or `return` "
+           "without step.apply keeps the ticket and the slot",
+           "iasgd/torch/gate.py",
+           "        if self.applied is None or kind is not None:\n",
+           "        if kind is not None:\n",
+           (TORCH_LEAVE + "[wait-break]", TORCH_LEAVE + "[drop-return]")),
+    Mutant("torch-read-raise-keeps-the-step",
+           "a step whose read raises keeps its ticket and slot (a raising __enter__ gets no "
+           "__exit__): the fault this file's tests found",
+           "iasgd/torch/gate.py",
+           "        except BaseException:\n"
+           "            # raised in the read: the `with` never calls __exit__ for a raising\n"
+           "            # __enter__, so the step gives back what it holds here (and async's lock)\n"
+           "            S.give_back(g.state, g.rows[self.row], g.control, g.code)\n"
+           "            raise\n", "",
+           (TORCH_LEAVE + "[wait-raise-in-read]",
+            TORCH_LEFT + "test_a_read_that_raises_releases_async_lock_and_ticket")),
     # each worker its own batches
     Mutant("thread-streams-never-seeded",
            "a threaded run's team never seeds its workers' streams: every worker starts at "

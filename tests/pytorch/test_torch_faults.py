@@ -6,10 +6,12 @@ worker with one line."""
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -64,6 +66,7 @@ def test_a_failing_worker_leaves_the_others_running_within_the_bound(how):
     params = torch.zeros(2 * PROCESSES).share_memory_()
     y = 2
     gate = it.IntervalGate(y, workers=PROCESSES)
+    gate.warm()  # numba's compile or cache load (minutes, cold on a busy machine) is no run
     t0 = time.monotonic()
     report = gate.run(faulty_worker, args=(params, gate, how), processes=PROCESSES,
                       start_method="fork", on_error="continue")
@@ -97,6 +100,20 @@ def test_a_failing_worker_stops_the_others_by_default():
 CTRL_C_SCRIPT = """
 import sys, torch
 import iasgd.torch as it
+from iasgd.protocol import workers as W
+
+class Supervised:
+    # y = 4 throughout; Gate.run's loop calls update() (its tick), so once every
+    # worker has applied a step (SIGINT ignored since) it says so from there
+    value = 4
+    gate = None
+    told = False
+
+    def update(self, applied, now, loss, loss_first):
+        if not self.told and (self.gate.rows[:4, W.APPLIED] > 0).all():
+            print("stepping", flush=True)
+            self.told = True
+        return 4
 
 def worker(rank, params, gate):
     seen = params.numpy()
@@ -106,9 +123,10 @@ def worker(rank, params, gate):
 
 if __name__ == "__main__":
     params = torch.zeros(4).share_memory_()
-    gate = it.IntervalGate(4, workers=4)
+    supervised = Supervised()
+    gate = it.IntervalGate(supervised, workers=4)
+    supervised.gate = gate
     gate.warm()
-    print("ready", flush=True)
     report = gate.run(worker, args=(params, gate), processes=4, start_method="fork")
     print("status", report.status, report.applied, report.bound_violations, flush=True)
 """
@@ -123,8 +141,18 @@ def test_ctrl_c_stops_every_worker_with_one_line(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
-    assert proc.stdout.readline().strip() == "ready"
-    time.sleep(2.0)  # the workers start and step
+    # not a sleep: a SIGINT before a worker ignores it, or before the parent
+    # supervises, is another test. "stepping" comes from inside Gate.run's loop
+    # once every worker has applied a step.
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: lines.put(proc.stdout.readline()), daemon=True).start()
+    try:
+        first = lines.get(timeout=120)
+    except queue.Empty:
+        first = "nothing in 120 s"
+    if first.strip() != "stepping":
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail(f"the workers never all stepped: {first!r}; {proc.communicate()[1]}")
     os.killpg(proc.pid, signal.SIGINT)
     t0 = time.monotonic()
     out, err = proc.communicate(timeout=60)
