@@ -12,6 +12,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 import numpy as np
 import pytest
+from links import in_process_link  # tests/executors/links.py
 
 from iasgd import data as datasets
 from iasgd import engine
@@ -218,19 +219,6 @@ def test_the_server_stops_blocked_exchanges_and_refuses_non_finite_pushes():
     r = server.exchange(C.Push(0, bad, 4, r.version, r.gen), 4)
     assert r.stop and server.progress()["diverged"]
     assert np.all(server.get_params() == 0)
-
-
-def in_process_link(pool: ThreadPoolExecutor, server: C.ParameterServer) -> C.Link:
-    def link(push: C.Push, want: int):
-        future = pool.submit(server.exchange, push, want)
-
-        def poll(timeout_s: float):
-            try:
-                return future.result(timeout=timeout_s)
-            except FutureTimeout:
-                return None
-        return poll
-    return link
 
 
 @pytest.mark.parametrize("algo", ["interval", "sync"])

@@ -22,9 +22,9 @@ import threading
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 
 import pytest
+from links import in_process_link  # tests/executors/links.py
 
 from iasgd import data as datasets
 from iasgd import engine
@@ -229,19 +229,6 @@ def test_a_simulated_runs_streams_are_its_seeds(tiny, monkeypatch):
 
 
 # ------------------------------------------------- cluster nodes, no Ray
-
-
-def in_process_link(pool: ThreadPoolExecutor, server: C.ParameterServer) -> C.Link:
-    def link(push: C.Push, want: int):
-        future = pool.submit(server.exchange, push, want)
-
-        def poll(timeout_s: float):
-            try:
-                return future.result(timeout=timeout_s)
-            except FutureTimeout:
-                return None
-        return poll
-    return link
 
 
 @pytest.mark.parametrize("segment", [0, 1])
