@@ -13,10 +13,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import scaling
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
+# --quick, with 0.3 s of training per run where a test checks the sweep's
+# shape, not what its runs learn (--quick alone gives each run 1 s)
+SHORT = ["--quick", "--time-budget", "0.3"]
 
 
 def test_quick_sweep_writes_table_json_and_plots(tmp_path, capsys):
-    doc = scaling.main(["--quick", "--threads", "1,2", "--algos", "sequential,interval,elastic",
+    doc = scaling.main([*SHORT, "--threads", "1,2", "--algos", "sequential,interval,elastic",
                         "--seeds", "1", "--name", "smoke", "--out-dir", str(tmp_path)])
     files = sorted(p.name for p in tmp_path.iterdir())
     assert files == ["smoke-accuracy.png", "smoke-staleness.png", "smoke-throughput.png",
@@ -77,14 +80,14 @@ def test_a_sweep_runs_every_combination_once_per_seed_before_the_next_seed(tmp_p
         return real_run_one(*args, **kwargs)
 
     monkeypatch.setattr(scaling, "run_one", record)
-    scaling.main(["--quick", "--threads", "2,4", "--algos", "hogwild,interval", "--seeds", "2",
+    scaling.main([*SHORT, "--threads", "2,4", "--algos", "hogwild,interval", "--seeds", "2",
                   "--name", "order", "--out-dir", str(tmp_path)])
     assert [(c.seed, c.threads, c.algo) for c in calls] == [
         (seed, n, algo) for seed in (0, 1) for n in (2, 4) for algo in ("hogwild", "interval")]
 
 
 def test_interrupted_sweep_resumes_with_its_finished_runs(tmp_path, monkeypatch):
-    options = ["--quick", "--threads", "1,2", "--algos", "hogwild", "--seeds", "2",
+    options = [*SHORT, "--threads", "1,2", "--algos", "hogwild", "--seeds", "2",
                "--name", "cut", "--out-dir", str(tmp_path)]
     calls = []
     real_run_one = scaling.run_one
@@ -215,7 +218,7 @@ def test_a_bad_model_is_one_line_and_exit_2(capsys):
 
 
 def test_targets_lrs_and_eval_every_give_a_table_and_plot_each(tmp_path):
-    doc = scaling.main(["--quick", "--threads", "2", "--algos", "sequential,hogwild,interval-y4",
+    doc = scaling.main([*SHORT, "--threads", "2", "--algos", "sequential,hogwild,interval-y4",
                         "--seeds", "1", "--lrs", "0.01,0.02", "--targets", "0.5,0.9",
                         "--eval-every", "25", "--name", "grid", "--out-dir", str(tmp_path)])
     files = sorted(p.name for p in tmp_path.iterdir())
