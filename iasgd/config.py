@@ -56,8 +56,11 @@ def _schedule_is(*names: str) -> Applies:
                    lambda c: c.interval_schedule in names)
 
 
+# a thread count alone means a parallel run was meant: say how to ask for one
 PARALLEL = Applies("{algo} " + ", ".join(a.name for a in ALGORITHMS.values() if a.parallel),
-                   lambda c: ALGORITHMS[c.algo].parallel)
+                   lambda c: ALGORITHMS[c.algo].parallel,
+                   fix="for a parallel run add {variant} interval-budget (the one to use) or "
+                       "one of those, else remove {option}")
 STALE = Applies("{algo} " + ", ".join(a.name for a in ALGORITHMS.values() if a.stale),
                 lambda c: ALGORITHMS[c.algo].stale)
 INTERVAL = Applies("{algo} interval", lambda c: ALGORITHMS[c.algo].bound == "interval")

@@ -27,10 +27,13 @@ class Applies:
     """Where an option has an effect: `words` says it, with fields as
     `{field}` (shown as `field` in Python and `--field` on the command line),
     and `test(run)` tells it from a run's values (any object with the fields
-    as attributes). An option set where it has no effect is refused."""
+    as attributes). An option set where it has no effect is refused; `fix`
+    says what to do then, `{option}` standing for the option refused (empty:
+    remove it)."""
 
     words: str
     test: Callable[[Any], bool]
+    fix: str = ""
 
 
 def option(default: Any, help: str, *, group: str, choices: Iterable[str] | None = None,
@@ -74,7 +77,8 @@ def applies(f: dataclasses.Field) -> Applies | None:
 def does_nothing(name: str, rule: Applies) -> str:
     """The message, as a template, for field `name` set where `rule` says it
     has no effect."""
-    return f"{{{name}}} applies to {rule.words} only, so it would do nothing here; drop it"
+    fix = (rule.fix or "remove {option}").replace("{option}", f"{{{name}}}")
+    return f"{{{name}}} applies to {rule.words} only, so it would do nothing here; {fix}"
 
 
 def inapplicable(cls: type, run: Any, names: Iterable[str]) -> tuple[str, Applies] | None:

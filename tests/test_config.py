@@ -288,7 +288,7 @@ def test_each_run_option_is_refused_exactly_where_it_does_nothing(flags, on, off
         with pytest.raises(run.UsageError) as refused:
             run.command_line(["--dataset", "synthetic", *base, *flags])
         assert str(refused.value) == (f"{flags[0]} applies to {O.as_flags(rule.words)} only, "
-                                      "so it would do nothing here; drop it")
+                                      f"so it would do nothing here; remove {flags[0]}")
 
 
 def test_the_api_refuses_what_the_command_line_refuses():

@@ -33,7 +33,7 @@ from iasgd.results import Snapshot
 
 REPO = Path(__file__).resolve().parents[1]
 HAS_RAY = importlib.util.find_spec("ray") is not None
-DOES_NOTHING = "only, so it would do nothing here; drop it"
+DOES_NOTHING = "only, so it would do nothing here; "
 
 
 class Refused(NamedTuple):
@@ -326,7 +326,14 @@ def check(case: Case, folder: Path) -> None:
     assert "\n" not in message
     if case.value.message is None:
         assert message.startswith(f"{flag(case.option)} applies to "), message
-        assert message.endswith(DOES_NOTHING), message
+        assert DOES_NOTHING in message, message
+        # remove it, said with its flag; a thread count alone: how to run in parallel
+        fix = message.split(DOES_NOTHING)[1]
+        if case.option == "threads":
+            assert fix == ("for a parallel run add --variant interval-budget (the one to use) "
+                           "or one of those, else remove --threads"), message
+        else:
+            assert fix == f"remove {flag(case.option)}", message
     else:
         assert case.value.message in message and flag(case.option) in message, message
 
@@ -436,9 +443,17 @@ def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize(("args", "line"), [
     (["--augment", "flip", "--crop-padding", "2"],
      "iasgd: error: --crop-padding applies to --augment crop or crop,flip only, so it would do "
-     "nothing here; drop it"),
+     "nothing here; remove --crop-padding"),
     (["--algo", "hogwild", "--threads", "2", "--sim-cores", "2"],
-     "iasgd: error: --sim-cores applies to --simulate only, so it would do nothing here; drop it"),
+     "iasgd: error: --sim-cores applies to --simulate only, so it would do nothing here; remove "
+     "--sim-cores"),
+    (["--threads", "8"],  # the default algorithm is sequential
+     "iasgd: error: --threads applies to --algo sync, async, hogwild, interval only, so it "
+     "would do nothing here; for a parallel run add --variant interval-budget (the one to "
+     "use) or one of those, else remove --threads"),
+    (["--gate", "drop"],
+     "iasgd: error: --gate applies to --algo interval only, so it would do nothing here; remove "
+     "--gate"),
 ])
 def test_the_command_exits_2_with_one_line_and_writes_nothing(args, line, tmp_path):
     proc = cli("--dataset", "synthetic", *args, cwd=tmp_path)

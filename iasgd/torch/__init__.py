@@ -16,7 +16,9 @@ staleness is at most y - 1 (docs/pytorch.md).
 
     report = gate.run(worker, args=(model, gate), processes=4)
 
-Needs the optional extra `[torch]` (PyTorch; the CPU build is enough).
+Needs PyTorch; its CPU build is enough, and PyPI's plain `torch` is the CUDA
+build (several GB), so: pip install torch --index-url
+https://download.pytorch.org/whl/cpu && pip install -e '.[torch]'
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from __future__ import annotations
 try:
     import torch  # noqa: F401
 except ImportError as err:  # pragma: no cover - depends on the environment
-    raise ImportError("iasgd.torch needs PyTorch: pip install 'iasgd[torch]'") from err
+    from iasgd.export import INSTALL
+
+    raise ImportError(f"iasgd.torch needs PyTorch, its CPU build: {INSTALL['torch']}") from err
 
 from iasgd.torch.gate import (
     AsyncGate,

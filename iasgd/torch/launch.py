@@ -73,6 +73,9 @@ def run(gate: Gate, fn: Callable[..., Any], args: tuple = (), processes: int = 2
     if processes > gate.workers:
         raise ValueError(f"{processes} processes but the gate has rows for {gate.workers}: "
                          "make it with workers >= processes")
+    unshared = unshared_argument(args)
+    if unshared is not None:
+        raise ValueError(unshared)
     gate.warm()
     if seconds is not None:
         gate.stop_after(seconds)
@@ -116,6 +119,45 @@ def run(gate: Gate, fn: Callable[..., Any], args: tuple = (), processes: int = 2
     if failures and on_error == "stop":
         raise WorkerError(failures, report)
     return report
+
+
+def unshared_argument(args: tuple) -> str | None:
+    """What a worker would train a copy of, said in one line, or None: the
+    first module among `args` (in tuples, lists and dict values too) with a
+    parameter or buffer outside shared memory, optimiser over such
+    parameters, or tensor that requires grad outside it. A forked worker
+    writes such a tensor's private copy, so the parent's model would come
+    back unchanged although every step was taken."""
+    for where, value in _arguments(args, "args"):
+        if isinstance(value, torch.nn.Module):
+            tensors, what = [*value.parameters(), *value.buffers()], "its parameters are"
+            fix = "call model.share_memory() before gate.run"
+        elif isinstance(value, torch.optim.Optimizer):
+            tensors = [t for group in value.param_groups for t in group["params"]]
+            what = "the parameters it was built over are"
+            fix = ("call model.share_memory() before building it, or build it in the worker "
+                   "over the shared model's parameters")
+        elif isinstance(value, torch.Tensor) and value.requires_grad:
+            tensors, what, fix = [value], "it is", "call share_memory_() on it before gate.run"
+        else:
+            continue
+        if any(not t.is_shared() for t in tensors):
+            return (f"{where} ({type(value).__name__}): {what} not in shared memory, so "
+                    f"every worker would train a copy of its own and the model would come back "
+                    f"unchanged; {fix}")
+    return None
+
+
+def _arguments(value: Any, where: str):
+    """(where, value) for `value` and everything inside its tuples, lists
+    and dicts, outermost first."""
+    yield where, value
+    if isinstance(value, (tuple, list)):
+        for i, item in enumerate(value):
+            yield from _arguments(item, f"{where}[{i}]")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _arguments(item, f"{where}[{key!r}]")
 
 
 def _join_after_interrupt(gate: Gate, left: list[tuple[int, Any]]) -> None:
