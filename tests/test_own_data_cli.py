@@ -265,3 +265,43 @@ def test_a_file_saved_as_x_and_y_trains(tmp_path):
     assert code == 0 and doc["config"]["num_classes"] == 3
     assert doc["epochs"][0]["test_accuracy"] is not None
     assert data.load(mine, tmp_path / "cache", progress=False).x_test.shape == (12, 1, 8, 8)
+
+
+def write_nchw_npz(path: Path) -> None:
+    rng = np.random.default_rng(0)
+    np.savez(path, x_train=rng.integers(0, 256, (60, 3, 32, 32), dtype=np.uint8),
+             y_train=np.arange(60) % 3)
+
+
+def write_small_h5(path: Path) -> None:
+    import h5py
+
+    with h5py.File(path, "w") as f:
+        f["x_train"] = np.zeros((100, 8, 8), np.uint8)
+        f["y_train"] = np.arange(100) % 3
+
+
+@pytest.mark.parametrize(("write", "args", "line"), [
+    # issue 60, item 4: NCHW images with --layout nhwc were cached and the model blamed
+    (write_nchw_npz, ["--layout", "nhwc"],
+     "iasgd: error: {file}: layout nhwc reads images of shape (60, 3, 32, 32) as 32 channels "
+     "of 3x32, but axis 1 holds 3 entries, as channels do: pass layout 'nchw' or 'auto'"),
+    # and a batch larger than the file printed the file's summary before its error
+    (write_small_h5, ["--batch-size", "5000", "--model", "mlp"],
+     "iasgd: error: --batch-size 5000 is larger than the training set (90 images)"),
+], ids=["layout", "batch-size"])
+def test_a_refused_file_run_is_its_one_line_and_writes_nothing(tmp_path, write, args, line):
+    """What a user sees, in a fresh process without --quiet: the error line alone
+    on stderr, nothing on stdout, no cache and no results in the folder."""
+    import os
+    import subprocess
+    import sys
+
+    mine = tmp_path / ("mine.npz" if write is write_nchw_npz else "mine.h5")
+    write(mine)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.run([sys.executable, "-m", "iasgd.run", "--dataset", mine.name, *args],
+                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert proc.returncode == 2
+    assert proc.stderr == line.format(file=mine) + "\n" and proc.stdout == ""
+    assert [p.name for p in tmp_path.iterdir()] == [mine.name]

@@ -143,13 +143,11 @@ def _load_own_file(path: Path, data_dir: str | Path | None, archive: str | Path 
     source_sha256 = h5cache.sha256_of_files([path])
     dataset, summary = own.read_file(path, test_fraction=test_fraction, seed=seed,
                                      layout=layout)
-    fits = batch_size is None or batch_size <= len(dataset.x_train)
+    if batch_size is not None and batch_size > len(dataset.x_train):
+        return dataset  # the run refuses it in one line: nothing said, nothing cached
     if progress:
-        where = (f"cached in {cache}" if fits else
-                 f"not cached: fewer training images than the batch size {batch_size}")
-        print(f"iasgd: {summary} ({where})", file=sys.stderr)
-    if fits:
-        h5cache.write_or_warn(cache, dataset, source_sha256, source_fingerprint, conversion)
+        print(f"iasgd: {summary} (cached in {cache})", file=sys.stderr)
+    h5cache.write_or_warn(cache, dataset, source_sha256, source_fingerprint, conversion)
     return dataset
 
 

@@ -161,12 +161,14 @@ def layout_of(images: np.ndarray, layout: str, where: str = "images") -> tuple[b
     """
     if images.ndim == 3:
         return False, "(N, H, W) images read as one channel"
+    a, d = images.shape[1], images.shape[3]
+    first, last = a in _CHANNEL_COUNTS, d in _CHANNEL_COUNTS
+    if layout != "auto":
+        _check_layout_given(images.shape, layout, first, last, where)
     if layout == "nchw":
         return False, None
     if layout == "nhwc":
         return True, "channels moved first (NHWC to NCHW)"
-    a, d = images.shape[1], images.shape[3]
-    first, last = a in _CHANNEL_COUNTS, d in _CHANNEL_COUNTS
     if first and last:
         return False, (f"axes 1 and 3 ({a} and {d}) could both be channels: read as NCHW "
                        "(pass layout='nhwc' if the channels are last)")
@@ -177,6 +179,22 @@ def layout_of(images: np.ndarray, layout: str, where: str = "images") -> tuple[b
     raise DataError(f"{where}: cannot tell the channel axis of images of shape {images.shape} "
                     f"(neither axis 1 nor axis 3 has 1 or 3 entries): pass layout='nchw' or "
                     "'nhwc' (in a file: a 'layout' entry, see docs/data.md)")
+
+
+def _check_layout_given(shape: tuple[int, ...], layout: str, first: bool, last: bool,
+                        where: str) -> None:
+    """DataError when the `layout` given puts the channels on the axis that does not
+    look like one (not 1 or 3 entries) while the other axis does: the images would be
+    read as, say, 32 channels of 3x32, and the model would be blamed for it."""
+    wrong = (layout == "nhwc" and first and not last) or (layout == "nchw" and last and not first)
+    if not wrong:
+        return
+    _, a, b, d = shape
+    c, h, w = (d, a, b) if layout == "nhwc" else (a, b, d)
+    other, axis = ("nchw", 1) if layout == "nhwc" else ("nhwc", 3)
+    raise DataError(f"{where}: layout {layout} reads images of shape {shape} as {c} channels "
+                    f"of {h}x{w}, but axis {axis} holds {shape[axis]} entries, as channels do: "
+                    f"pass layout '{other}' or 'auto'")
 
 
 def to_nchw_uint8(images: np.ndarray, channels_last: bool) -> np.ndarray:
