@@ -37,6 +37,11 @@ class Status(str, Enum):
 
     __format__ = str.__format__
 
+    @property
+    def words(self) -> str:
+        """How a run's summary line says it: "stopped at its time budget"."""
+        return {"time_budget": "stopped at its time budget"}.get(self.value, self.value)
+
 
 @dataclass
 class EpochRecord:

@@ -616,7 +616,9 @@ def report(display: Display, document: dict, out: str) -> None:
     acc_text = "n/a" if acc is None else f"{100 * acc:.2f}%"
     st = document["staleness"]
     bound = "unbounded" if st["bound"] is None else f"bound {st['bound']}"
-    display.say(f"{document['status']}: {len(document['epochs'])} epochs in "
+    epochs = len(document["epochs"])
+    display.say(f"{results.Status(document['status']).words}: {epochs} "
+                f"epoch{'' if epochs == 1 else 's'} in "
                 f"{document['train_time_s']:.1f}s training ({document['samples_per_s']:,.0f} "
                 f"samples/s), final test accuracy {acc_text}")
     levels = f"staleness mean {st['mean']:.2f} max {st['max']} ({bound})"

@@ -46,6 +46,7 @@ def test_synthetic_run_writes_results(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.ckpt.h5", "r.json"]
     assert doc["checkpoint"] == str(tmp_path / "r.ckpt.h5")
     assert f"--resume {tmp_path / 'r.ckpt.h5'} --epochs 4" in proc.stdout
+    assert "\ncompleted: 2 epochs in " in proc.stdout
 
 
 def test_quiet_prints_nothing(tmp_path):
@@ -557,7 +558,13 @@ def test_a_time_budget_runs_closing_hint_is_a_command_that_runs(tmp_path, capsys
                                                                  monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert run.main(["--dataset", "synthetic", "--epochs", "50", "--time-budget", "0.3"]) == 0
-    hint = capsys.readouterr().out.splitlines()[-1]
+    said = capsys.readouterr().out.splitlines()
+    hint = said[-1]
+    # the summary in words (issue 60, item 5: it said "time_budget: 1 epochs in ...")
+    epochs = len(json.loads((tmp_path / "results.json").read_text())["epochs"])
+    summary = [line for line in said if " in " in line and "training (" in line]
+    assert summary[0].startswith(f"stopped at its time budget: {epochs} "
+                                 f"epoch{'' if epochs == 1 else 's'} in "), summary
     command = hint.split("to train on: ")[1]
     argv = shlex.split(command)
     assert argv[:3] == ["python", "-m", "iasgd.run"]

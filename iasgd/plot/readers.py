@@ -55,6 +55,20 @@ class Run:
         return max([*self.time_s, *self.epoch_s], default=0.0)
 
 
+# The first bytes of every HDF5 file: a checkpoint (.ckpt.h5) or a dataset's cache
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+def not_results(path: Path) -> str:
+    """The error for an HDF5 file given as results: what it is and which file to pass
+    (a run writes its results beside its checkpoint: r.ckpt.h5 and r.json)."""
+    if path.name.endswith(".ckpt.h5"):
+        results = path.with_name(path.name[:-len(".ckpt.h5")] + ".json")
+        return (f"{path} is a checkpoint, not a results file: pass the run's results "
+                f"file, {results}")
+    return f"{path} is an HDF5 file, not a results file: pass a run's or a sweep's .json"
+
+
 def _number(value: Any) -> float:
     """A JSON number, or NaN for null (a non-finite value in the results)."""
     if value is None:
@@ -174,6 +188,9 @@ def load(spec: str) -> list[Run]:
         else:
             raise PlotError(f"{spec}: no such file")
     try:
+        with path.open("rb") as f:
+            if f.read(len(HDF5_SIGNATURE)) == HDF5_SIGNATURE:
+                raise PlotError(not_results(path))
         doc = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError) as e:
         raise PlotError(f"{path}: cannot read it ({e})") from None

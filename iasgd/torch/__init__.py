@@ -39,7 +39,7 @@ from iasgd.torch.gate import (
     Step,
     Stopped,
 )
-from iasgd.torch.launch import WorkerError, run
+from iasgd.torch.launch import Interrupted, WorkerError, run
 
-__all__ = ["AsyncGate", "Gate", "GateReport", "HogwildGate", "IntervalGate", "Step", "Stopped",
-           "WorkerError", "run"]
+__all__ = ["AsyncGate", "Gate", "GateReport", "HogwildGate", "Interrupted", "IntervalGate",
+           "Step", "Stopped", "WorkerError", "run"]

@@ -11,9 +11,10 @@ runs worker(rank, *args) in each, and meanwhile, every `tick_s`:
   raises WorkerError with the worker's traceback; "continue" lets them
   run on and lists the failure in the report.
 Ctrl-C: workers ignore SIGINT (a terminal sends it to all of them); the
-parent stops the gate, every worker leaves at its next step, and one line
-says so. The report's status is then "interrupted". A second Ctrl-C
-terminates the workers that are still there.
+parent stops the gate, every worker leaves at its next step, one line says
+so, and run raises Interrupted (a KeyboardInterrupt, so a script stops as
+it would anywhere else) with the report, whose status is "interrupted". A
+second Ctrl-C terminates the workers that are still there.
 """
 
 from __future__ import annotations
@@ -40,6 +41,14 @@ class WorkerError(RuntimeError):
         rank, why = failures[0]
         super().__init__(f"worker {rank} failed; the others were stopped:\n{why}")
         self.failures, self.report = failures, report
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C stopped gate.run: every worker left; `report` says how far they got."""
+
+    def __init__(self, report: GateReport):
+        super().__init__(f"interrupted: every worker stopped; {report.line()}")
+        self.report = report
 
 
 def _worker_main(gate: Gate, fn: Callable[..., Any], rank: int, args: tuple,
@@ -107,7 +116,7 @@ def run(gate: Gate, fn: Callable[..., Any], args: tuple = (), processes: int = 2
         _join_after_interrupt(gate, list(procs.values()))
         report = gate.report()
         print(f"interrupted: every worker stopped; {report.line()}", file=sys.stderr)
-        return report
+        raise Interrupted(report) from None
     gate.stop(S.COMPLETED)  # every worker is done (a reason given before stays)
     told = {}
     while not errors.empty():

@@ -43,6 +43,25 @@ def test_bad_arguments_are_one_line(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "s.json"]
 
 
+def test_a_checkpoint_given_for_results_says_which_file_to_pass(tmp_path, capsys):
+    """Issue 60, item 5: a run's checkpoint (HDF5) was 'cannot read it ('utf-8'
+    codec ...)'; it is named for what it is, with the results file beside it."""
+    from iasgd import checkpoints, run
+
+    assert run.main(["--dataset", "synthetic", "--epochs", "1", "--quiet", "--out",
+                     str(tmp_path / "r.json")]) == 0
+    ckpt = tmp_path / "r.ckpt.h5"
+    checkpoints.load(str(ckpt))  # a real checkpoint
+    assert cli.main([str(ckpt)]) == 2
+    results = tmp_path / "r.json"
+    assert capsys.readouterr().err == (f"iasgd: error: {ckpt} is a checkpoint, not a results "
+                                       f"file: pass the run's results file, {results}\n")
+    other = tmp_path / "cache.h5"
+    other.write_bytes(ckpt.read_bytes())
+    assert cli.main([str(other)]) == 2
+    assert "is an HDF5 file, not a results file" in capsys.readouterr().err
+
+
 def test_without_matplotlib_it_says_how_to_install_it(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib fails
     assert cli.main([write(tmp_path / "r.json", results())]) == 2

@@ -127,19 +127,30 @@ if __name__ == "__main__":
     gate = it.IntervalGate(supervised, workers=4)
     supervised.gate = gate
     gate.warm()
-    report = gate.run(worker, args=(params, gate), processes=4, start_method="fork")
-    print("status", report.status, report.applied, report.bound_violations, flush=True)
+    if sys.argv[1:] == ["uncaught"]:  # a script that does not expect Ctrl-C: it stops
+        gate.run(worker, args=(params, gate), processes=4, start_method="fork")
+        print("carried on", flush=True)
+    try:
+        gate.run(worker, args=(params, gate), processes=4, start_method="fork")
+    except it.Interrupted as stopped:
+        report = stopped.report
+        print("status", report.status, report.applied, report.bound_violations, flush=True)
 """
 
 
-def test_ctrl_c_stops_every_worker_with_one_line(tmp_path):
+@pytest.mark.parametrize("script_catches", [True, False])
+def test_ctrl_c_stops_every_worker_with_one_line(tmp_path, script_catches):
     """A real SIGINT to the whole process group (what a terminal sends):
     the workers ignore it, the parent stops the gate, each leaves at its
-    next step, and stderr holds one line."""
+    next step, stderr holds one line, and gate.run raises Interrupted with
+    the report; a script that does not catch it stops there, as on Ctrl-C
+    anywhere (issue 60, item 5: it returned, and the script carried on)."""
     script = tmp_path / "ctrl_c.py"
     script.write_text(textwrap.dedent(CTRL_C_SCRIPT))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, str(script), *([] if script_catches else
+                                                            ["uncaught"])],
+                            env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     # not a sleep: a SIGINT before a worker ignores it, or before the parent
     # supervises, is another test. "stepping" comes from inside Gate.run's loop
@@ -157,6 +168,11 @@ def test_ctrl_c_stops_every_worker_with_one_line(tmp_path):
     t0 = time.monotonic()
     out, err = proc.communicate(timeout=60)
     assert time.monotonic() - t0 < 30
+    if not script_catches:
+        assert out == "" and proc.returncode != 0, (out, err)  # "carried on" never came
+        assert err.splitlines()[0].startswith("interrupted: every worker stopped"), err
+        assert "iasgd.torch.launch.Interrupted: interrupted: every worker stopped" in err, err
+        return
     assert proc.returncode == 0, err
     status = out.split()
     assert status[:2] == ["status", "interrupted"] and int(status[3]) == 0, out
