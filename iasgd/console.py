@@ -141,8 +141,10 @@ class Display:
     def compiling(self, seconds: tuple[int, int]) -> None:
         """The kernels are about to be compiled (an empty numba cache), in
         about `seconds` (low, high) on this machine as busy as it is now."""
-        self.say(f"compiling kernels, first run only: about {seconds[0]}-{seconds[1]} s "
-                 "(longer while other programs keep the cores busy)")
+        self.say(f"compiling the kernels of this model and algorithm, which numba's cache does "
+                 f"not hold yet (once for each new model, algorithm or option that changes "
+                 f"the step): about {seconds[0]}-{seconds[1]} s, longer while other programs "
+                 "keep the cores busy")
         self._compile_t0 = time.perf_counter()
 
     def compiled(self) -> None:
