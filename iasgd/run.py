@@ -397,13 +397,12 @@ def _main(argv: list[str]) -> int:
         cfg, opts, snapshot = command_line(argv)
         display = Display(opts.quiet, cfg.epochs)
         t0 = time.perf_counter()
+        # a file of your own is accepted (model, data, memory) before anything is
+        # said of it or cached: a refused run leaves its one line and nothing else
         data = datasets.load(opts.dataset, opts.data_dir, opts.archive, progress=not opts.quiet,
                              test_fraction=opts.test_fraction, layout=opts.layout,
-                             batch_size=cfg.batch_size)  # too large: no cache written
-        model, opts = build_model(opts, data)
-        init = export.load_weights(opts.init, model) if opts.init else None
-        engine.check_data(model, data, cfg)
-        _check_memory(model, cfg)
+                             batch_size=cfg.batch_size, check=lambda d: accept(opts, cfg, d))
+        model, opts, init = accept(opts, cfg, data)
     except ConfigError as e:
         error(f"error: {e.for_cli()}")
         return EXIT_USAGE
@@ -419,6 +418,18 @@ def _main(argv: list[str]) -> int:
     if opts.simulate:
         return simulate_and_report(cfg, opts, model, data, display, init)
     return train_and_report(cfg, opts, model, data, display, snapshot, init)
+
+
+def accept(opts: RunOptions, cfg: TrainConfig, data: datasets.Dataset
+           ) -> tuple[models.Model, RunOptions, np.ndarray | None]:
+    """The run's model (and options, its spec recorded canonically) and the
+    weights it starts from (--init), once the data, the batch and the memory
+    fit it; else the one-line error (UsageError, DataError, ...)."""
+    model, opts = build_model(opts, data)
+    init = export.load_weights(opts.init, model) if opts.init else None
+    engine.check_data(model, data, cfg)
+    _check_memory(model, cfg)
+    return model, opts, init
 
 
 def compile_range(seconds: int, cores: int) -> tuple[int, int]:

@@ -281,6 +281,10 @@ def write_small_h5(path: Path) -> None:
         f["y_train"] = np.arange(100) % 3
 
 
+def write_small_npz(path: Path) -> None:
+    np.savez(path, x_train=np.zeros((60, 8, 8, 1), np.uint8), y_train=np.arange(60) % 3)
+
+
 @pytest.mark.parametrize(("write", "args", "line"), [
     # issue 60, item 4: NCHW images with --layout nhwc were cached and the model blamed
     (write_nchw_npz, ["--layout", "nhwc"],
@@ -289,7 +293,11 @@ def write_small_h5(path: Path) -> None:
     # and a batch larger than the file printed the file's summary before its error
     (write_small_h5, ["--batch-size", "5000", "--model", "mlp"],
      "iasgd: error: --batch-size 5000 is larger than the training set (90 images)"),
-], ids=["layout", "batch-size"])
+    # and a model that does not fit a valid file: its summary said and its cache written
+    (write_small_npz, [],
+     "iasgd: error: --model lenet on mine.npz: conv16k5v (layer 4): its 2x2 input is too "
+     "small for a 5x5 valid conv"),
+], ids=["layout", "batch-size", "model"])
 def test_a_refused_file_run_is_its_one_line_and_writes_nothing(tmp_path, write, args, line):
     """What a user sees, in a fresh process without --quiet: the error line alone
     on stderr, nothing on stdout, no cache and no results in the folder."""
@@ -297,7 +305,7 @@ def test_a_refused_file_run_is_its_one_line_and_writes_nothing(tmp_path, write, 
     import subprocess
     import sys
 
-    mine = tmp_path / ("mine.npz" if write is write_nchw_npz else "mine.h5")
+    mine = tmp_path / ("mine.h5" if write is write_small_h5 else "mine.npz")
     write(mine)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     proc = subprocess.run([sys.executable, "-m", "iasgd.run", "--dataset", mine.name, *args],

@@ -26,7 +26,7 @@ import re
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -61,7 +61,8 @@ def resolve_data_dir(data_dir: str | Path | None) -> Path:
 
 def load(name: str | Path, data_dir: str | Path | None = None, archive: str | Path | None = None,
          progress: bool = True, *, test_fraction: float = DEFAULT_TEST_FRACTION,
-         seed: int = 0, layout: str = "auto", batch_size: int | None = None) -> Dataset:
+         seed: int = 0, layout: str = "auto", batch_size: int | None = None,
+         check: Callable[[Dataset], object] | None = None) -> Dataset:
     """Load dataset `name` (one of DATASETS, or the path of a user's own .npz, .h5 or .hdf5
     file), from the HDF5 cache when it is current.
 
@@ -77,12 +78,15 @@ def load(name: str | Path, data_dir: str | Path | None = None, archive: str | Pa
     batch_size: the batch size the data is loaded for, where known: a user's file with
     fewer training images is read but not cached, since the run refuses that batch size
     (iasgd.config.check_data) and should leave nothing behind.  Registry datasets ignore it.
+    check: for a user's file read anew, called with the dataset before its summary is said
+    and its cache written; what it raises propagates (a run refuses the file's model or
+    options there, and leaves nothing behind).  Registry datasets ignore it.
     """
     spec = DATASETS.get(str(name))
     if spec is None and own.is_own_file(str(name)):
         return _load_own_file(Path(name), data_dir, archive, progress,
                               test_fraction=test_fraction, seed=seed, layout=layout,
-                              batch_size=batch_size)
+                              batch_size=batch_size, check=check)
     if spec is None:
         raise DataError(f"unknown dataset {name!r}: choose one of {', '.join(DATASETS)}, or "
                         "give the path of an .npz, .h5 or .hdf5 file of your own")
@@ -114,7 +118,8 @@ def load(name: str | Path, data_dir: str | Path | None = None, archive: str | Pa
 
 def _load_own_file(path: Path, data_dir: str | Path | None, archive: str | Path | None,
                    progress: bool, *, test_fraction: float, seed: int, layout: str,
-                   batch_size: int | None = None) -> Dataset:
+                   batch_size: int | None = None,
+                   check: Callable[[Dataset], object] | None = None) -> Dataset:
     """A user's .npz / HDF5 file, validated and converted by iasgd.data.own, through the
     cache <data_dir>/<file name>.<12 hex of sha256(absolute path)>.h5.
 
@@ -145,6 +150,8 @@ def _load_own_file(path: Path, data_dir: str | Path | None, archive: str | Path 
                                      layout=layout)
     if batch_size is not None and batch_size > len(dataset.x_train):
         return dataset  # the run refuses it in one line: nothing said, nothing cached
+    if check is not None:
+        check(dataset)
     if progress:
         print(f"iasgd: {summary} (cached in {cache})", file=sys.stderr)
     h5cache.write_or_warn(cache, dataset, source_sha256, source_fingerprint, conversion)
