@@ -8,6 +8,7 @@ PyTorch where it is not installed.)"""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -73,8 +74,26 @@ def test_at_y1_every_read_sees_every_earlier_update(processes, policy):
 
 def _sleep_on_the_gate(gate, out):
     t0 = time.monotonic()
+    out[2] = 1  # what follows is the wait, compiled already (the parent called it)
     out[0] = int(S.wait_finished(gate.state, 10_000_000))  # sleeps until woken, 10 s at most
     out[1] = int((time.monotonic() - t0) * 1e3)
+
+
+def wait_until_asleep_on_a_futex(pid: int, flag) -> None:
+    """Until process `pid` has set `flag` and sleeps in the kernel on a futex
+    (/proc/PID/wchan), 30 s at most: a stop before it sleeps would find it
+    awake and prove nothing (a fixed 0.5 s was too short on a busy machine)."""
+    wchan = Path(f"/proc/{pid}/wchan")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if flag.item() == 1:
+            if not wchan.exists() or wchan.read_text() in ("", "0"):  # no wchan to read
+                time.sleep(0.5)
+                return
+            if "futex" in wchan.read_text():
+                return
+        time.sleep(0.001)
+    pytest.fail(f"process {pid} never fell asleep on the gate (wchan {wchan.read_text()!r})")
 
 
 def test_a_wake_reaches_a_sleeper_in_another_process():
@@ -83,10 +102,11 @@ def test_a_wake_reaches_a_sleeper_in_another_process():
     ones (a private futex's wake would miss it and it would sleep 10 s)."""
     ctx = torch.multiprocessing.get_context("fork")
     gate = it.IntervalGate(4, workers=2, max_updates=10)
-    out = torch.zeros(2, dtype=torch.int64).share_memory_()
+    assert not S.wait_finished(gate.state, 1)  # compiled here, before the fork
+    out = torch.zeros(3, dtype=torch.int64).share_memory_()
     child = ctx.Process(target=_sleep_on_the_gate, args=(gate, out))
     child.start()
-    time.sleep(0.5)  # let it fall asleep (it cannot finish before the stop)
+    wait_until_asleep_on_a_futex(child.pid, out[2])  # it cannot finish before the stop
     t0 = time.monotonic()
     gate.stop()
     child.join(30)
