@@ -98,9 +98,14 @@ def test_a_failing_worker_stops_the_others_by_default():
 
 
 CTRL_C_SCRIPT = """
-import sys, torch
+import signal, sys, torch
 import iasgd.torch as it
 from iasgd.protocol import workers as W
+
+# Ctrl-C raises KeyboardInterrupt, as in a terminal, even where whoever started
+# the tests ignores SIGINT (a background job of a non-interactive shell does, and
+# its children inherit that: this script then never saw the signal)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 class Supervised:
     # y = 4 throughout; Gate.run's loop calls update() (its tick), so once every
@@ -166,7 +171,11 @@ def test_ctrl_c_stops_every_worker_with_one_line(tmp_path, script_catches):
         pytest.fail(f"the workers never all stepped: {first!r}; {proc.communicate()[1]}")
     os.killpg(proc.pid, signal.SIGINT)
     t0 = time.monotonic()
-    out, err = proc.communicate(timeout=60)
+    try:
+        out, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # no worker outlives the test
+        pytest.fail(f"still running 60 s after Ctrl-C: {proc.communicate()}")
     assert time.monotonic() - t0 < 30
     if not script_catches:
         assert out == "" and proc.returncode != 0, (out, err)  # "carried on" never came
