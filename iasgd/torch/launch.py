@@ -92,13 +92,13 @@ def run(gate: Gate, fn: Callable[..., Any], args: tuple = (), processes: int = 2
     errors = ctx.SimpleQueue()
     per = torch_threads or max(1, (os.cpu_count() or 1) // processes)
     procs = {}
-    for rank in range(processes):
-        p = ctx.Process(target=_worker_main, args=(gate, fn, rank, args, per, errors),
-                        name=f"iasgd-torch-{rank}")
-        p.start()
-        procs[p.sentinel] = (rank, p)
     failures: list[tuple[int, str]] = []
-    try:
+    try:  # from the first start: a Ctrl-C while workers start stops those started
+        for rank in range(processes):
+            p = ctx.Process(target=_worker_main, args=(gate, fn, rank, args, per, errors),
+                            name=f"iasgd-torch-{rank}")
+            p.start()
+            procs[p.sentinel] = (rank, p)
         while procs:
             for sentinel in wait(list(procs), timeout=tick_s):
                 rank, p = procs.pop(sentinel)

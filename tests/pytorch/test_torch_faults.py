@@ -97,6 +97,43 @@ def test_a_failing_worker_stops_the_others_by_default():
     assert report.status == "failed" and report.bound_violations == 0
 
 
+def stepping_forever(rank, params, gate):
+    seen = params.numpy()
+    while True:
+        with gate.step() as step:
+            step.apply(lambda: seen.__setitem__(rank, seen[rank] + 1))
+
+
+def test_ctrl_c_while_the_workers_start_stops_those_started(monkeypatch, capsys):
+    """Ctrl-C between two workers' starts (here: the third start raises
+    KeyboardInterrupt) stops the two already running and raises Interrupted
+    with the one line; it used to leave them stepping and the script hung."""
+    from multiprocessing.context import ForkProcess
+
+    started, real_start = [], ForkProcess.start
+
+    def start(self):
+        if len(started) == 2:
+            raise KeyboardInterrupt
+        real_start(self)
+        started.append(self)
+
+    monkeypatch.setattr(ForkProcess, "start", start)
+    params = torch.zeros(PROCESSES).share_memory_()
+    gate = it.IntervalGate(2, workers=PROCESSES)
+    try:
+        with pytest.raises(KeyboardInterrupt) as stopped:
+            gate.run(stepping_forever, args=(params, gate), processes=PROCESSES,
+                     start_method="fork")
+        assert isinstance(stopped.value, it.Interrupted)
+        assert stopped.value.report.status == "interrupted"
+        assert [p.is_alive() for p in started] == [False, False]
+        assert capsys.readouterr().err.startswith("interrupted: every worker stopped")
+    finally:
+        for p in started:
+            p.kill()
+
+
 CTRL_C_SCRIPT = """
 import signal, sys, torch
 import iasgd.torch as it
