@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import h5py
+
 from iasgd import sweeps
 from iasgd.algorithms import ALGORITHMS, sweep_variant
 
@@ -53,10 +55,6 @@ class Run:
     def end_s(self) -> float:
         """The last training second recorded (0.0 for none)."""
         return max([*self.time_s, *self.epoch_s], default=0.0)
-
-
-# The first bytes of every HDF5 file: a checkpoint (.ckpt.h5) or a dataset's cache
-HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
 
 def not_results(path: Path) -> str:
@@ -188,9 +186,8 @@ def load(spec: str) -> list[Run]:
         else:
             raise PlotError(f"{spec}: no such file")
     try:
-        with path.open("rb") as f:
-            if f.read(len(HDF5_SIGNATURE)) == HDF5_SIGNATURE:
-                raise PlotError(not_results(path))
+        if h5py.is_hdf5(path):  # a checkpoint (.ckpt.h5) or a dataset's cache
+            raise PlotError(not_results(path))
         doc = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError) as e:
         raise PlotError(f"{path}: cannot read it ({e})") from None
